@@ -9,9 +9,10 @@
 // CUDA graph of back-to-back launches, each on its own copy of the weights (copies enough for
 // 256 MiB, so no launch finds its weights in L2), time per launch = graph time / launches
 // (median of 10 replays). Bandwidth = weight bytes / time against the H200's 4.3 TB/s. The staged
-// GEMV (kernels/gemm/staged_gemv.h) is timed the same way at one product (batch 1), and first,
-// the attention input of a decode step (AddRmsNorm, q_proj, kv_a) before and with it. First of
-// all, RunStaged: the staged GEMV against the small-m kernel at m = 1, 2, 4, also after a GEMV.
+// GEMV (kernels/gemm/staged_gemv.h) is timed the same way (every product in one launch), and
+// first, the attention input of a decode step (AddRmsNorm, q_proj, kv_a) before and with it.
+// First of all, RunStaged: the staged GEMV against the small-m kernel at m = 1, 2, 4, also after
+// a GEMV.
 //
 // "batch-invariant": the batch-invariant mode's dense GEMM candidates instead, at m = 1, 64, 128
 // and 256 bf16 rows of the same shapes (batch 1), each launch timed alone after the L2 flush:
@@ -20,7 +21,8 @@
 //
 // "v4": the same ways (small-m kernels, staged GEMV) on DeepSeek-V4-Flash's decode GEMVs at one
 // row (hidden 4096, q_lora 1024, 64 heads x 512, 8 output groups of o_lora 1024, 64 indexer heads
-// x 128, vocab 129280).
+// x 128, vocab 129280); the staged cases also q_b + index_q_b behind the q norm without a
+// residual add (the model's call), against AddRmsNormF32 + two small-m launches.
 //
 //   small_m_gemm_bench [staged | batch-invariant | v4]   (one line per case; exit status 1 on a
 //                                 CUDA error; "staged": RunStaged only)
@@ -209,13 +211,14 @@ class Bench {
     std::vector<int64_t> ns;
     int64_t k;
     bool norm;
+    bool add_y = true;  // with the norm: x += y first (false: the norm of x alone)
   };
 
   // The decode GEMVs in two or three ways, each timed as the model runs them (back-to-back
   // launches in a CUDA graph with programmatic edges, each launch on its own weight copy, 256 MiB
   // of copies): the small-m kernel (kAuto; with the norm: AddRmsNormF32 first), the staged GEMV
-  // (with the norm: its fused prologue), and with the norm also AddRmsNormF32 then the staged
-  // GEMV on its bf16 rows. "chain": per launch in a chain of the same launch. "after a GEMV": the
+  // (with the norm: its fused prologue), and with the norm also AddRmsNormF32 then the staged GEMV
+  // on its bf16 rows. "chain": per launch in a chain of the same launch. "after a GEMV": the
   // launch's added time in a chain that alternates it with an 8.4 MB small-m GEMV (o_proj's shape
   // on its own copies), i.e. the pair's time minus that GEMV's own chain time: what the launch
   // costs after a different kernel.
@@ -251,8 +254,11 @@ class Bench {
     unsigned int* counter = DeviceAlloc<unsigned int>(sizeof(unsigned int));
     BENCH_CUDA(cudaMemset(counter, 0, sizeof(unsigned int)));
 
+    float* add = lc.add_y ? y : nullptr;
     auto small_m = [&](int64_t i, cudaStream_t st) {
-      if (lc.norm) BENCH_CUDA(kernels::AddRmsNormF32(m, k, x, y, gamma, 1e-6f, nullptr, act, st));
+      if (lc.norm) {
+        BENCH_CUDA(kernels::AddRmsNormF32(m, k, x, add, gamma, 1e-6f, nullptr, act, st));
+      }
       int64_t at = 0;
       for (int64_t n : lc.ns) {
         kernels::SmallMGemmParams p;
@@ -270,9 +276,9 @@ class Bench {
         p.m = m, p.k = k;
         if (lc.norm && fused_norm) {
           p.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
-          p.x = x, p.y = y, p.norm_weight = gamma, p.eps = 1e-6f, p.counter = counter;
+          p.x = x, p.y = add, p.norm_weight = gamma, p.eps = 1e-6f, p.counter = counter;
         } else if (lc.norm) {
-          BENCH_CUDA(kernels::AddRmsNormF32(m, k, x, y, gamma, 1e-6f, nullptr, act, st));
+          BENCH_CUDA(kernels::AddRmsNormF32(m, k, x, add, gamma, 1e-6f, nullptr, act, st));
           p.a = act, p.a_bf16 = true, p.lda = k;
         } else {
           p.a = a, p.lda = k;
@@ -297,6 +303,10 @@ class Bench {
     auto pct = [&](double us) { return 100.0 * gb / (us * 1e-6) / 4300.0; };
     std::printf("staged %-16s m %lld  weights %6.2f MB  roofline %5.2f us |", lc.name,
                 static_cast<long long>(m), gb * 1e3, gb / 4300.0 * 1e6);
+    // The staged GEMV's pass size for this k (the weights' values do not matter to it).
+    kernels::StagedGemvParams layout;
+    layout.m = m, layout.k = k;
+    std::printf(" staged %d chunks a lane |", kernels::StagedGemvLaneChunks(layout));
     using Launch = std::function<void(int64_t, cudaStream_t)>;
     std::vector<std::pair<const char*, Launch>> ways = {{"small-m", small_m},
                                                         {"staged", staged(true)}};
@@ -388,19 +398,23 @@ class Bench {
             static_cast<long long>(copies));
         std::fflush(stdout);
       }
-      if (B == 1) {
-        // The staged GEMV (kernels/gemm/staged_gemv.h) on the same copies.
-        kernels::StagedGemvParams sp;
-        sp.m = m, sp.k = k, sp.a = a, sp.lda = k, sp.num_targets = 1;
-        sp.targets[0] = {n, w, k, c, n, false};
+      // The staged GEMV (kernels/gemm/staged_gemv.h) on the same copies, all B products in one
+      // launch.
+      kernels::StagedGemvParams sp;
+      sp.m = m, sp.k = k, sp.a = a, sp.lda = k, sp.num_targets = 1;
+      sp.targets[0] = {n, w, k, c, n, false};
+      sp.batch = B, sp.stride_a = m * k, sp.stride_w = n * k, sp.stride_c = m * n;
+      if (kernels::StagedGemvSupports(sp)) {
         const double t_graph = GraphUs(ws, [&](const uint16_t* wi, cudaStream_t st) {
           kernels::StagedGemvParams q = sp;
           q.targets[0].w = wi;
           BENCH_CUDA(kernels::StagedGemvBf16(q, st));
         });
-        std::printf("%-22s m %lld    staged GEMV:  in a graph %8.2f us (%5.1f%%, %lld launches)\n",
-                    s.name, static_cast<long long>(m), t_graph, pct(t_graph),
-                    static_cast<long long>(copies));
+        std::printf(
+            "%-22s m %lld    staged GEMV (%d chunks a lane):  in a graph %8.2f us (%5.1f%%, %lld "
+            "launches)\n",
+            s.name, static_cast<long long>(m), kernels::StagedGemvLaneChunks(sp), t_graph,
+            pct(t_graph), static_cast<long long>(copies));
         std::fflush(stdout);
       }
       for (size_t i = 1; i < ws.size(); ++i) BENCH_CUDA(cudaFree(ws[i]));
@@ -478,6 +492,7 @@ int main(int argc, char** argv) {
     const deepinfer::Bench::StagedCase v4_cases[] = {
         {"norm+q_a+kv", {1024, 512}, 4096, true},
         {"q_b+index_q_b", {32768, 8192}, 1024, false},
+        {"norm+q_b+index_q", {32768, 8192}, 1024, true, false},
         {"o_b", {4096}, 8192, false},
     };
     for (const auto& lc : v4_cases) bench.RunStaged(lc, 1);

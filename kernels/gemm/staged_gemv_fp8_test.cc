@@ -1,9 +1,9 @@
 // StagedGemvBf16 with FP8 weights (StagedGemvParams::fp8) against a host reference in double on
 // the dequantised weights (kernels/testing/fp8_test_util.h): kCopy with fp32 rows (rounded to
 // bf16 as they are staged) at m = 1, 2 and 4, one and two targets (a stacked [gate; up]-like
-// grid among them), k not a multiple of 128, several passes per row, padded strides, accumulate;
-// kAddRmsNorm at one row against the GPU's unfused AddRmsNormF32 bf16 rows (x updated bit for
-// bit as that kernel does); the FP8 argument checks.
+// grid among them), k not a multiple of 128, several passes per row, padded strides, accumulate,
+// short rows (one and two chunks a lane); kAddRmsNorm at one row against the GPU's unfused
+// AddRmsNormF32 bf16 rows (x updated bit for bit as that kernel does); the FP8 argument checks.
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -82,6 +82,11 @@ TEST(StagedGemvFp8Test, CopyMatchesDequantisedReference) {
       {2, 272, {65, 9}, {0, 0}, 0, 0, false},       // k not a multiple of 128
       {4, 1408, {130}, {0}, 32, 0, true},
       {1, 7168, {200}, {0}, 0, 0, false},  // several passes per row (k / 16 > 256 chunks)
+      // Short rows: 2 chunks a lane (k 1024), 1 (k 512).
+      {1, 1024, {777, 65}, {0, 0}, 0, 0, false},
+      {1, 1024, {777}, {0}, 0, 0, true},
+      {4, 1024, {130}, {0}, 16, 0, false},
+      {2, 512, {300}, {0}, 0, 0, false},
   };
   for (const CopyCase& c : cases) {
     const uint32_t seed = testing::FreshSeed();
@@ -182,6 +187,9 @@ TEST(StagedGemvFp8Test, RefusesWhatItCannotRun) {
   q = p;
   q.targets[0].w8 = w.get() + 8;
   EXPECT_FALSE(kernels::StagedGemvSupports(q)) << "misaligned weights";
+  q = p;
+  q.batch = 2, q.stride_a = 32, q.stride_w = 4 * 32, q.stride_c = 4;
+  EXPECT_FALSE(kernels::StagedGemvSupports(q)) << "a batch (bf16 weights only)";
   q = p;
   q.targets[0].w8 = nullptr;
   EXPECT_FALSE(kernels::StagedGemvSupports(q)) << "no weights";

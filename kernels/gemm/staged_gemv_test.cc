@@ -3,11 +3,14 @@
 // CpuBackend::Gemm; kAddRmsNorm against CpuBackend::AddRmsNorm + Gemm (x updated bit for bit, c
 // within the GEMM's bound plus a few bf16 roundings that a last-ulp difference of the norm can
 // flip) and bit for bit against the GPU's unfused AddRmsNormF32 + the kCopy path; the counter
-// is left at 0 (a second launch gives the same bits); refusals.
+// is left at 0 (a second launch gives the same bits); each pass size (1, 2, 4, 6 and 8 chunks a
+// lane) against CpuBackend::Gemm; a batch of products (kCopy) against CpuBackend::Gemm per
+// product; refusals.
 #include "kernels/gemm/staged_gemv.h"
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -223,6 +226,111 @@ TEST(StagedGemvTest, AddRmsNormMatchesCpuAndTheUnfusedKernels) {
   }
 }
 
+// Each pass size a lane can load (StagedGemvLaneChunks) against the CPU.
+TEST(StagedGemvTest, EachPassSizeMatchesCpuGemm) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  const std::vector<std::pair<CopyCase, int>> cases = {
+      {{3, 256, {300}, 0, 0, 0, false}, 1},         // 32 chunks: one a lane
+      {{4, 512, {129, 64}, 0, 8, 0, false}, 2},     // 64 chunks
+      {{1, 1024, {1000, 300}, 0, 0, 0, false}, 4},  // q_b + index_q_b's k
+      {{2, 1024, {517}, 8, 0, 3, true}, 4},         // padded strides, accumulate
+      {{1, 1408, {64}, 0, 0, 0, false}, 6},         // 176 chunks: half the lanes 5, half 6
+      {{1, 1032, {70}, 0, 0, 0, false}, 6},         // 129 chunks: lane 0 5, the others 4
+      {{1, 4096, {300}, 0, 0, 0, true}, 8},         // two passes a row
+  };
+  for (const auto& [c, lane_chunks] : cases) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message()
+                 << "m " << c.m << " k " << c.k << " n0 " << c.ns[0] << " seed " << seed);
+    const int64_t lda = c.k + c.lda_pad;
+    const std::vector<float> a = testing::RandomFloats(c.m * lda, seed, 2.0f);
+    DeviceArray<float> da(a);
+    std::vector<Target> ts = MakeTargets(c.ns, c.m, c.k, c.ldw_pad, c.ldc_pad, seed);
+    kernels::StagedGemvParams p;
+    p.m = c.m, p.k = c.k;
+    p.prologue = kernels::StagedGemvPrologue::kCopy;
+    p.a = da.get(), p.lda = lda;
+    SetTargets(ts, c.accumulate, &p);
+    ASSERT_TRUE(kernels::StagedGemvSupports(p));
+    EXPECT_EQ(kernels::StagedGemvLaneChunks(p), lane_chunks);
+    DEEPINFER_CUDA_OK(kernels::StagedGemvBf16(p, nullptr));
+    for (Target& t : ts) {
+      std::vector<float> want = t.c0;
+      cpu.Gemm(c.m, t.n, c.k, a.data(), lda, WeightView(t.w.data(), WeightDType::kBFloat16), t.ldw,
+               want.data(), t.ldc, c.accumulate);
+      std::vector<float> got;
+      DEEPINFER_CUDA_OK(t.dc->Download(&got));
+      EXPECT_TRUE(AllClose(got, want, 2e-5 * std::sqrt(static_cast<double>(c.k)), 1e-5));
+    }
+  }
+}
+
+struct BatchCase {
+  int64_t batch, m, n, k;
+  bool a_bf16, accumulate;
+};
+
+// batch products in one launch: product b's activation, weights and outputs at their strides.
+TEST(StagedGemvTest, BatchMatchesCpuGemmPerProduct) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  const std::vector<BatchCase> cases = {
+      {8, 1, 256, 4096, false, false},  // o_a's layout (8 groups, k 4096), fewer rows
+      {3, 2, 100, 1024, true, true},
+      {5, 1, 37, 2056, false, false},  // 257 chunks: two passes, the last partial
+  };
+  for (const BatchCase& c : cases) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "batch " << c.batch << " m " << c.m << " n " << c.n
+                                      << " k " << c.k << " seed " << seed);
+    // Padded strides: activation rows lda = k + 8 apart, products stride_a = m * lda + 16 apart;
+    // weight products n * k + 8 apart; outputs ldc = n + 3, stride_c = m * ldc + 5.
+    const int64_t lda = c.k + 8, stride_a = c.m * lda + 16;
+    const int64_t stride_w = c.n * c.k + 8;
+    const int64_t ldc = c.n + 3, stride_c = c.m * ldc + 5;
+    std::vector<float> a = testing::RandomFloats(c.batch * stride_a, seed, 2.0f);
+    if (c.a_bf16) {
+      for (float& v : a) v = RoundToBf16(v);
+    }
+    const std::vector<uint16_t> w =
+        FloatsToBf16Bits(testing::RandomFloats(c.batch * stride_w, seed + 1));
+    const std::vector<float> c0 = testing::RandomFloats(c.batch * stride_c, seed + 2);
+    DeviceArray<float> da(a);
+    DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
+    DeviceArray<uint16_t> dw(w);
+    DeviceArray<float> dc(c0);
+    kernels::StagedGemvParams p;
+    p.m = c.m, p.k = c.k;
+    p.prologue = kernels::StagedGemvPrologue::kCopy;
+    p.a = c.a_bf16 ? static_cast<const void*>(da16.get()) : da.get();
+    p.a_bf16 = c.a_bf16, p.lda = lda;
+    p.num_targets = 1;
+    p.targets[0] = {c.n, dw.get(), c.k, dc.get(), ldc, c.accumulate};
+    p.batch = c.batch, p.stride_a = stride_a, p.stride_w = stride_w, p.stride_c = stride_c;
+    ASSERT_TRUE(kernels::StagedGemvSupports(p));
+    DEEPINFER_CUDA_OK(kernels::StagedGemvBf16(p, nullptr));
+    std::vector<float> want = c0;
+    for (int64_t b = 0; b < c.batch; ++b) {
+      cpu.Gemm(c.m, c.n, c.k, a.data() + b * stride_a, lda,
+               WeightView(w.data() + b * stride_w, WeightDType::kBFloat16), c.k,
+               want.data() + b * stride_c, ldc, c.accumulate);
+    }
+    std::vector<float> got;
+    DEEPINFER_CUDA_OK(dc.Download(&got));
+    // Outside the products' outputs (row padding, gaps between products) c0 is left as it was.
+    EXPECT_TRUE(AllClose(got, want, 2e-5 * std::sqrt(static_cast<double>(c.k)), 1e-5));
+    for (int64_t b = 0; b < c.batch; ++b) {
+      for (int64_t i = b * stride_c; i < (b + 1) * stride_c; ++i) {
+        const int64_t in = i - b * stride_c;
+        if (in >= c.m * ldc || in % ldc >= c.n) {
+          ASSERT_EQ(got[i], c0[i]) << "written outside product " << b;
+        }
+      }
+    }
+  }
+}
+
 TEST(StagedGemvTest, RefusesWhatItCannotRun) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   DeviceArray<float> a(64 * 1024), c(64 * 1024);
@@ -252,6 +360,20 @@ TEST(StagedGemvTest, RefusesWhatItCannotRun) {
   bad = p;
   bad.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;
   bad.x = a.get(), bad.norm_weight = a.get(), bad.y = c.get();  // y without a counter
+  EXPECT_FALSE(kernels::StagedGemvSupports(bad));
+  kernels::StagedGemvParams batched = p;
+  batched.batch = 2, batched.stride_a = 64, batched.stride_w = 16 * 64, batched.stride_c = 16;
+  EXPECT_TRUE(kernels::StagedGemvSupports(batched));
+  bad = batched;
+  bad.stride_a = 2;  // not 16-byte aligned
+  EXPECT_FALSE(kernels::StagedGemvSupports(bad));
+  bad = batched;
+  bad.num_targets = 2;  // a batch of one target only
+  bad.targets[1] = bad.targets[0];
+  EXPECT_FALSE(kernels::StagedGemvSupports(bad));
+  bad = batched;
+  bad.prologue = kernels::StagedGemvPrologue::kAddRmsNorm;  // a batch of kCopy only
+  bad.x = a.get(), bad.norm_weight = a.get();
   EXPECT_FALSE(kernels::StagedGemvSupports(bad));
 }
 

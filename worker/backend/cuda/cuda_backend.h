@@ -165,8 +165,9 @@ class CudaBackend : public Backend {
   // reads an fp32 a and rounds it as it goes; its layout by k, kernels::SmallMGemmAlgo::kAuto)
   // where it takes the operands, or kernels::StagedGemvBf16 at one or two rows where
   // kernels::StagedGemvPreferredAtOneRow / AtTwoRows (measured faster); otherwise cuBLAS, after
-  // rounding an fp32 a to bf16 (a bf16 a goes to cuBLAS as it is). Same for BatchedGemm (no
-  // staged GEMV).
+  // rounding an fp32 a to bf16 (a bf16 a goes to cuBLAS as it is). Same for BatchedGemm, whose
+  // one-row batches take the staged GEMV's batch where
+  // kernels::StagedGemvPreferredBatchedAtOneRow (DeepSeek-V4's grouped o_a).
   // FP8 weights (WeightView::fp8), by rows (each path where it takes the operands, else the next):
   //  * from CudaTuning::fp8_w8a8_min_rows on compute capability 9.0: W8A8, the activations
   //    quantised (kernels::Fp8QuantizeRows) and cuBLASLt's block-scaled FP8 GEMM

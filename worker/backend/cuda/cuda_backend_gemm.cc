@@ -106,16 +106,19 @@ bool CudaBackend::SmallMGemm(const kernels::SmallMGemmParams& p) {
   if ((p.m > 1 && p.n > kSmallMGemmMaxColumnsAboveOneRow) || !kernels::SmallMGemmSupports(p)) {
     return false;
   }
-  const bool staged_shape = p.m == 1   ? kernels::StagedGemvPreferredAtOneRow(p.n, p.k)
-                            : p.m == 2 ? kernels::StagedGemvPreferredAtTwoRows(p.n, p.k)
-                                       : false;
-  if (p.m <= kStagedGemvMaxRows && p.batch == 1 && staged_shape) {
+  const bool staged_shape =
+      p.batch > 1 ? p.m == 1 && kernels::StagedGemvPreferredBatchedAtOneRow(p.batch, p.n, p.k)
+      : p.m == 1  ? kernels::StagedGemvPreferredAtOneRow(p.n, p.k)
+      : p.m == 2  ? kernels::StagedGemvPreferredAtTwoRows(p.n, p.k)
+                  : false;
+  if (p.m <= kStagedGemvMaxRows && staged_shape) {
     kernels::StagedGemvParams s;
     s.m = p.m, s.k = p.k;
     s.prologue = kernels::StagedGemvPrologue::kCopy;
     s.a = p.a, s.a_bf16 = p.a_bf16, s.lda = p.lda;
     s.num_targets = 1;
     s.targets[0] = {p.n, p.w, p.ldw, p.c, p.ldc, p.accumulate};
+    s.batch = p.batch, s.stride_a = p.stride_a, s.stride_w = p.stride_w, s.stride_c = p.stride_c;
     if (kernels::StagedGemvSupports(s)) {
       Check(kernels::StagedGemvBf16(s, stream_), "kernels::StagedGemvBf16");
       return true;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/gemm/staged_gemv.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
@@ -46,6 +47,8 @@ TEST_F(CudaBackendTest, GemmMatchesCpuWithStridesAndAccumulate) {
       cases.push_back(Case{1, 576, 2048, 2048, 2048, 576});
       cases.push_back(Case{1, 1000, 2816, 2824, 2816, 1003});
     }
+    // bf16, one row, k 8192 (DeepSeek-V4's o_b): the staged GEMV (StagedGemvPreferredAtOneRow).
+    if (bf16) cases.push_back(Case{1, 700, 8192, 8200, 8192, 703});
     for (Case c : cases) {
       for (bool accumulate : {false, true}) {
         const uint32_t seed = testing::FreshSeed();
@@ -73,6 +76,31 @@ TEST_F(CudaBackendTest, GemmMatchesCpuWithStridesAndAccumulate) {
       }
     }
   }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// One row against a vocabulary of DeepSeek-V4's LM head shape (k 4096, n from 65536; here 65539,
+// so the last warps' rows are short): the staged GEMV (StagedGemvPreferredAtOneRow), bf16
+// weights, accumulating onto distinct values so that every output's place is checked.
+TEST_F(CudaBackendTest, OneRowLmHeadMatchesCpu) {
+  const int64_t n = 65539, k = 4096, distinct = 257;
+  ASSERT_TRUE(kernels::StagedGemvPreferredAtOneRow(n, k));
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const std::vector<float> a = testing::RandomFloats(k, seed);
+  // `distinct` random weight rows repeated (n random rows would take seconds to draw).
+  const std::vector<float> rows = testing::RandomFloats(distinct * k, seed + 1);
+  std::vector<float> w(n * k);
+  for (int64_t j = 0; j < n; ++j) {
+    std::copy_n(rows.begin() + (j % distinct) * k, k, w.begin() + j * k);
+  }
+  const std::vector<float> out = testing::RandomFloats(n, seed + 2);
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  std::vector<float> want = out;
+  cpu16_.Gemm(1, n, k, a.data(), k, CpuBf16(w, &keep), k, want.data(), n, true);
+  auto da = Upload(a), dc = Upload(out);
+  gpu_->Gemm(1, n, k, da->as<float>(), k, GpuBf16(w, &keep), k, dc->as<float>(), n, true);
+  EXPECT_TRUE(AllClose(Download(*dc), want, 1e-3, 1e-4));
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
@@ -158,13 +186,20 @@ TEST_F(CudaBackendTest, Bf16ActivationOperandGivesTheSameBitsAsRoundingInGemm) {
 
 // BatchedGemm with a bf16 operand (DeepSeek-V4's grouped o_a over the attention's bf16 output:
 // group g reads columns g * k .. of rows of groups * k) gives bit for bit what its fp32
-// operand gives, on the small-m kernel (m <= 4) and on cuBLAS; both within the bf16 bound of
-// the CPU's BatchedGemm over the bf16 operand. With fp32 weights it is an error.
+// operand gives, on the small-m kernel (m <= 4), the staged GEMV's batch (one row, 8 groups of
+// 512 x 2048: kernels::StagedGemvPreferredBatchedAtOneRow) and on cuBLAS; both within the bf16
+// bound of the CPU's BatchedGemm over the bf16 operand. With fp32 weights it is an error.
 TEST_F(CudaBackendTest, BatchedGemmBf16OperandGivesTheSameBitsAsRounding) {
-  const int64_t groups = 4, n = 128, k = 256, lda = groups * k;
-  for (int64_t m : {1, 3, 9, 600}) {
+  struct Case {
+    int64_t groups, n, k, m;
+  };
+  for (const Case& c : {Case{4, 128, 256, 1}, Case{4, 128, 256, 3}, Case{4, 128, 256, 9},
+                        Case{4, 128, 256, 600}, Case{8, 512, 2048, 1}, Case{8, 512, 2048, 3}}) {
+    const int64_t groups = c.groups, n = c.n, k = c.k, m = c.m, lda = groups * k;
+    ASSERT_EQ(kernels::StagedGemvPreferredBatchedAtOneRow(groups, n, k), k == 2048);
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message() << "m " << m << " seed " << seed);
+    SCOPED_TRACE(::testing::Message() << "groups " << groups << " n " << n << " k " << k << " m "
+                                      << m << " seed " << seed);
     auto a = testing::RandomFloats(m * lda, seed);
     auto w = testing::RandomFloats(groups * n * k, seed + 1);
     const std::vector<uint16_t> a16 = FloatsToBf16Bits(a);
