@@ -72,23 +72,13 @@ struct RmsNormRopeParams {
   float attention_factor = 1.0f;
 };
 
-// One call's rows at kRopeWarpRows rows a block (bandwidth-bound prefill rows): the weights and
-// inverse frequencies read and the cos/sin computed after the norm's reduction.
+// 1 / rms of a warp's row (lane l holding elements l + 32 s in v): RmsNormF32's one-warp row
+// reduction step for step, 8 virtual warps' partial sums each reduced by the xor butterfly and
+// added in warp order.
 template <int kPerLane>
-__device__ void RmsNormRopeWideBody(RmsNormRopeParams p) {
+__device__ __forceinline__ float WarpRowInvRms(const float (&v)[kPerLane], int64_t dim,
+                                               float eps) {
   constexpr int kVirtualWarps = 8;  // RmsNormF32's 256-thread block
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRopeWarpRows + threadIdx.x / 32;
-  if (row >= p.rows) return;  // the whole warp: no barrier or shuffle below misses a lane
-  const float* xr = p.x + row * p.ldx;
-  float* orow = p.out + row * p.ldout;
-  __nv_bfloat16* orow16 = p.out_bf16 + row * p.ldout;
-  float v[kPerLane];
-#pragma unroll
-  for (int s = 0; s < kPerLane; ++s) {
-    const int64_t i = lane + 32 * s;
-    v[s] = i < p.dim ? xr[i] : 0.0f;
-  }
   float total = 0.0f;
 #pragma unroll
   for (int w = 0; w < kVirtualWarps; ++w) {
@@ -98,7 +88,42 @@ __device__ void RmsNormRopeWideBody(RmsNormRopeParams p) {
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     total += ss;
   }
-  const float inv = 1.0f / sqrtf(total / static_cast<float>(p.dim) + p.eps);
+  return 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
+}
+
+// The warp's row of outputs (lane l holding elements l + 32 s in v) into p.out, or p.out_bf16
+// rounded.
+template <int kPerLane>
+__device__ __forceinline__ void StoreWarpRow(const RmsNormRopeParams& p, int64_t row,
+                                             const float (&v)[kPerLane]) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    if (i >= p.dim) continue;
+    if (p.out_bf16 != nullptr) {
+      p.out_bf16[row * p.ldout + i] = __float2bfloat16_rn(v[s]);
+    } else {
+      p.out[row * p.ldout + i] = v[s];
+    }
+  }
+}
+
+// One call's rows at kRopeWarpRows rows a block (bandwidth-bound prefill rows): the weights and
+// inverse frequencies read and the cos/sin computed after the norm's reduction.
+template <int kPerLane>
+__device__ void RmsNormRopeWideBody(RmsNormRopeParams p) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRopeWarpRows + threadIdx.x / 32;
+  if (row >= p.rows) return;  // the whole warp: no barrier or shuffle below misses a lane
+  const float* xr = p.x + row * p.ldx;
+  float v[kPerLane];
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    v[s] = i < p.dim ? xr[i] : 0.0f;
+  }
+  const float inv = WarpRowInvRms<kPerLane>(v, p.dim, p.eps);
   const int64_t base = p.dim - p.rope_dim;
   const float pos = static_cast<float>(p.positions[row / p.heads]);
   // The outputs into v first, then the stores: no store comes between the loads of weight and
@@ -116,16 +141,7 @@ __device__ void RmsNormRopeWideBody(RmsNormRopeParams p) {
     v[s] = o;
   }
   // Every lane's loads came before this point, so writing in place (out == x) is safe.
-#pragma unroll
-  for (int s = 0; s < kPerLane; ++s) {
-    const int64_t i = lane + 32 * s;
-    if (i >= p.dim) continue;
-    if (p.out_bf16 != nullptr) {
-      orow16[i] = __float2bfloat16_rn(v[s]);
-    } else {
-      orow[i] = v[s];
-    }
-  }
+  StoreWarpRow<kPerLane>(p, row, v);
 }
 
 // A lane's weights and inverse frequencies (0 outside the row / the rope slice), prefetched with a
@@ -178,7 +194,6 @@ __device__ PrefetchedNormRope<kPerLane, kWarpRows> RmsNormRopePrefetch(RmsNormRo
 template <int kPerLane, int kWarpRows>
 __device__ void RmsNormRopeBody(const PrefetchedNormRope<kPerLane, kWarpRows>& c,
                                 RmsNormRopeLaunch l) {
-  constexpr int kVirtualWarps = 8;  // RmsNormF32's 256-thread block
   constexpr bool kFew = kWarpRows == kFewRowsWarpRows;
   constexpr bool kEarly = kFew && kPerLane <= kEarlyCosSinSlots;
   const int lane = static_cast<int>(threadIdx.x & 31);
@@ -186,8 +201,6 @@ __device__ void RmsNormRopeBody(const PrefetchedNormRope<kPerLane, kWarpRows>& c
   const RmsNormRopeParams p = PartOf<kWarpRows>(l, &row);
   if (row >= p.rows) return;  // the whole warp: no barrier or shuffle below misses a lane
   const float* xr = p.x + row * p.ldx;
-  float* orow = p.out + row * p.ldout;
-  __nv_bfloat16* orow16 = p.out_bf16 + row * p.ldout;
   const float pos = static_cast<float>(p.positions[row / p.heads]);
   float v[kPerLane];
 #pragma unroll
@@ -206,16 +219,7 @@ __device__ void RmsNormRopeBody(const PrefetchedNormRope<kPerLane, kWarpRows>& c
         RopeCosSin(pos, c.inv_freq[s], p.attention_factor, &cs[s], &sn[s]);
     }
   }
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kVirtualWarps; ++w) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int s = w; s < kPerLane; s += kVirtualWarps) ss += v[s] * v[s];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    total += ss;
-  }
-  const float inv = 1.0f / sqrtf(total / static_cast<float>(p.dim) + p.eps);
+  const float inv = WarpRowInvRms<kPerLane>(v, p.dim, p.eps);
   // The outputs into v first, then the stores: no store comes between the loads of the weights
   // and inverse frequencies where they were not prefetched, so they are all in flight together.
 #pragma unroll
@@ -248,16 +252,7 @@ __device__ void RmsNormRopeBody(const PrefetchedNormRope<kPerLane, kWarpRows>& c
     v[s] = o;
   }
   // Every lane's loads came before this point, so writing in place (out == x) is safe.
-#pragma unroll
-  for (int s = 0; s < kPerLane; ++s) {
-    const int64_t i = lane + 32 * s;
-    if (i >= p.dim) continue;
-    if (p.out_bf16 != nullptr) {
-      orow16[i] = __float2bfloat16_rn(v[s]);
-    } else {
-      orow[i] = v[s];
-    }
-  }
+  StoreWarpRow<kPerLane>(p, row, v);
 }
 
 // Token blockIdx.x's pairs (head, pair) from blockIdx.y * kThreads + threadIdx.x on, strided by
