@@ -27,7 +27,7 @@ constexpr int kWarpRows = 8;
 template <int kPerLane>
 __device__ void RmsNormWarpRowsBody(int64_t rows, int64_t dim, const float* x, int64_t ldx,
                                     const float* weight, float eps, float* out, int64_t ldout) {
-  constexpr int kBlockWarps = kThreads / 32;
+  static_assert(kThreads == 256, "WarpRowInvRms emulates 8 warps");
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
   if (row >= rows) return;  // no block-wide barrier below
@@ -39,17 +39,8 @@ __device__ void RmsNormWarpRowsBody(int64_t rows, int64_t dim, const float* x, i
     const int64_t i = lane + 32 * s;
     v[s] = i < dim ? xr[i] : 0.0f;
   }
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kBlockWarps; ++w) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int s = w; s < kPerLane; s += kBlockWarps) ss += v[s] * v[s];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    total += ss;
-  }
-  // Every lane's loads fed the sums above, so writing in place (out == x) is safe.
-  const float inv = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
+  // Every lane's loads feed the sum, so writing in place (out == x) is safe.
+  const float inv = WarpRowInvRms<kPerLane>(v, dim, eps);
 #pragma unroll
   for (int s = 0; s < kPerLane; ++s) {
     const int64_t i = lane + 32 * s;

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "kernels/common/launch.cuh"
+#include "kernels/norm/block_inv_rms.cuh"
 #include "kernels/rope/rope.h"
 #include "kernels/rope/rope_pair.cuh"
 
@@ -71,25 +72,6 @@ struct RmsNormRopeParams {
   const float* inv_freq = nullptr;
   float attention_factor = 1.0f;
 };
-
-// 1 / rms of a warp's row (lane l holding elements l + 32 s in v): RmsNormF32's one-warp row
-// reduction step for step, 8 virtual warps' partial sums each reduced by the xor butterfly and
-// added in warp order.
-template <int kPerLane>
-__device__ __forceinline__ float WarpRowInvRms(const float (&v)[kPerLane], int64_t dim,
-                                               float eps) {
-  constexpr int kVirtualWarps = 8;  // RmsNormF32's 256-thread block
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kVirtualWarps; ++w) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int s = w; s < kPerLane; s += kVirtualWarps) ss += v[s] * v[s];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    total += ss;
-  }
-  return 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
-}
 
 // The warp's row of outputs (lane l holding elements l + 32 s in v) into p.out, or p.out_bf16
 // rounded.
