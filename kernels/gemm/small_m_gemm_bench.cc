@@ -16,8 +16,8 @@
 //
 // "batch-invariant": the batch-invariant mode's dense GEMM candidates instead, at m = 1, 64, 128
 // and 256 bf16 rows of the same shapes (batch 1), each launch timed alone after the L2 flush:
-// cublasGemmEx (not batch-invariant: the floor) and kernels::BatchInvariantGemmTc (the mode's
-// dense kernel).
+// cublasGemmEx (not batch-invariant: the floor), kernels::BatchInvariantGemmTc and
+// kernels::BatchInvariantGemmPipelined (the mode's dense kernel where the device runs it).
 //
 // "v4": the same ways (small-m kernels, staged GEMV) on DeepSeek-V4-Flash's decode GEMVs at one
 // row (hidden 4096, q_lora 1024, 64 heads x 512, 8 output groups of o_lora 1024, 64 indexer heads
@@ -453,6 +453,12 @@ class Bench {
     if (kernels::BatchInvariantGemmTcSupports(b)) {
       const double t = MedianUs([&] { BENCH_CUDA(kernels::BatchInvariantGemmTc(b, nullptr)); });
       std::printf(" BatchInvariantGemmTc %8.2f us (%5.1f%%) |", t, pct(t));
+    }
+    if (kernels::BatchInvariantGemmPipelinedSupports(b)) {
+      const double t =
+          MedianUs([&] { BENCH_CUDA(kernels::BatchInvariantGemmPipelined(b, nullptr)); });
+      std::printf(" BatchInvariantGemmPipelined (%d splits) %8.2f us (%5.1f%%) |",
+                  kernels::BatchInvariantGemmSplits(1, n, k), t, pct(t));
     }
     std::printf("\n");
     std::fflush(stdout);
