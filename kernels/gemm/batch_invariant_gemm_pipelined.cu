@@ -53,12 +53,15 @@ struct Pipe {
   static constexpr int kColumns = 32 * kWarpsN;
   static constexpr int kRows = 8 * kN8 * kWarpsM;
   static constexpr int kStageBytes = (kColumns + kRows) * kSmemRowBytes;
-  // Four stages where two blocks an SM still fit, else three.
-  static constexpr int kStages = 4 * kStageBytes <= 112 * 1024 ? 4 : 3;
+  // As many stages (up to 8) as leave room for two blocks an SM: the small row tiles, whose
+  // blocks stream weights, keep more steps in flight.
+  static constexpr int kStages =
+      (112 * 1024) / kStageBytes < 8 ? (112 * 1024) / kStageBytes : 8;
   static constexpr int kRedPitch = kColumns + 4;  // floats; the fragment writes hit distinct banks
   static constexpr int kRedBytes = kRows * kRedPitch * 4;
   static constexpr int kSmemBytes =
       kStages * kStageBytes > kRedBytes ? kStages * kStageBytes : kRedBytes;
+  static_assert(kStages >= 3, "the pipeline keeps two steps in flight behind the one summed");
   static constexpr int kWLoads = kColumns * (kStepK / 8) / kThreads;  // 16-byte copies a stage
   static constexpr int kALoads = (kRows * (kStepK / 8) + kThreads - 1) / kThreads;
 };
@@ -72,13 +75,29 @@ __device__ __forceinline__ void LdMatrixX2(uint32_t* r, uint32_t addr) {
 #endif
 }
 
+// The cluster barrier (release / acquire: the blocks' shared-memory writes before it are
+// visible to the cluster after it), and a block's shared-memory address in cluster block `rank`.
+// Below sm_90 (the compute_75 PTX, never launched: BatchInvariantGemmPipelinedSupports) nothing.
+__device__ __forceinline__ void ClusterSync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::this_cluster().sync();
+#endif
+}
+
+__device__ __forceinline__ const float* InClusterBlock(float* local, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cg::this_cluster().map_shared_rank(local, rank);
+#else
+  return local;
+#endif
+}
+
 // Grid: x = tiles * splits (a tile's splits are consecutive blocks, one cluster; the tiles in
 // grouped raster order), z = the batch's products.
 template <int kWarpsN, int kN8>
 __global__ void __launch_bounds__(Pipe<kWarpsN, kN8>::kThreads, 2)
     PipelinedKernel(BatchInvariantGemmParams p, int splits, int64_t row_tiles,
                     int64_t column_tiles) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using T = Pipe<kWarpsN, kN8>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -153,6 +172,7 @@ __global__ void __launch_bounds__(Pipe<kWarpsN, kN8>::kThreads, 2)
     a_addr[i] = smem_base + row * kSmemRowBytes + (lane / 16) * 16;
   }
   const int warp_row0 = warp_m * 8 * kN8;
+  const bool warp_has_rows = row0 + warp_row0 < p.m;
   const uint32_t b_addr =
       kN8 == 1 ? smem_base + T::kColumns * kSmemRowBytes +
                      (warp_row0 + lane % 8) * kSmemRowBytes + ((lane / 8) % 2) * 16
@@ -180,6 +200,8 @@ __global__ void __launch_bounds__(Pipe<kWarpsN, kN8>::kThreads, 2)
     if (next < nsteps) load(next % T::kStages, step_begin + next);
     sm80::CopyAsyncCommit();
     const uint32_t stage = (l % T::kStages) * T::kStageBytes;
+    // A warp whose rows all lie past m has nothing to sum (its rows are never stored).
+    if (!warp_has_rows) continue;
 #pragma unroll
     for (int kk = 0; kk < kStepK / 16; ++kk) {
       uint32_t af[2][4];
@@ -220,9 +242,8 @@ __global__ void __launch_bounds__(Pipe<kWarpsN, kN8>::kThreads, 2)
         const int row = warp_row0 + 8 * j + 2 * t + z % 2;
         red[row * T::kRedPitch + col] = acc[i][j][z];
       }
-  cg::cluster_group cluster = cg::this_cluster();
   if (splits > 1) {
-    cluster.sync();  // every block's partial tile is complete and visible to the cluster
+    ClusterSync();  // every block's partial tile is complete and visible to the cluster
   } else {
     __syncthreads();
   }
@@ -234,13 +255,12 @@ __global__ void __launch_bounds__(Pipe<kWarpsN, kN8>::kThreads, 2)
     const int row = e / T::kColumns, col = e % T::kColumns;
     if (row >= valid_rows || col0 + col >= p.n) continue;
     const int at = row * T::kRedPitch + col;
-    float sum = splits > 1 ? cluster.map_shared_rank(red, 0)[at] : red[at];
-    for (int q = 1; q < splits; ++q) sum += cluster.map_shared_rank(red, q)[at];
+    float sum = splits > 1 ? InClusterBlock(red, 0)[at] : red[at];
+    for (int q = 1; q < splits; ++q) sum += InClusterBlock(red, q)[at];
     float* out = c + (row0 + row) * p.ldc + col0 + col;
     *out = p.accumulate ? *out + sum : sum;
   }
-  if (splits > 1) cluster.sync();  // no block leaves while others read its shared memory
-#endif
+  if (splits > 1) ClusterSync();  // no block leaves while others read its shared memory
 }
 
 using KernelFn = void (*)(BatchInvariantGemmParams, int, int64_t, int64_t);
