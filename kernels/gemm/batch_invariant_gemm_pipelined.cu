@@ -37,10 +37,13 @@ constexpr int kSmemRowBytes = kStepK * 2 + 16;  // 144: ldmatrix's 8 rows hit di
 constexpr int kWarpsM = 2;                      // warps along the rows; kWarpsN along the columns
 constexpr int kMaxSplits = 8;                   // the portable cluster size
 // The splits: doubled (up to kMaxSplits) while the shape has fewer than this many tiles of 64
-// columns x splits and every split keeps at least kMinSplitSteps steps (docs/engine.md).
+// columns x splits (about one block per SM of the H200 at one row tile) and every split keeps at
+// least kMinSplitSteps steps (docs/engine.md). Guesses, not measured crossovers; changing them
+// changes the sum order (the bits), never the invariance.
 constexpr int64_t kSplitMinBlocks = 128;
 constexpr int64_t kMinSplitSteps = 4;
-// 128-column tiles from this many blocks (about two waves at one block an SM), else 64.
+// 128-column tiles from this many blocks (two blocks on each of the H200's 132 SMs), else 64: a
+// guess (`small_m_gemm_bench batch-invariant-tiles` times every tile); the tile changes no bit.
 constexpr int64_t kWideMinBlocks = 264;
 // Rasterization: the blocks walk kGroupRowTiles row tiles down one column tile after another,
 // so the blocks in flight share a few activation tiles and each weight tile comes from memory
