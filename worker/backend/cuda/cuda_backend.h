@@ -102,9 +102,11 @@ struct CudaTuning {
   // same way whatever the batch size and the row's place in it, so a request's logprobs do not
   // depend on the requests batched with it. Each op keeps one path for all row counts (no
   // small-m, staged-GEMV, cuBLAS or fused-kernel choice by rows; no split chosen by the batch):
-  //  * bf16 Gemm / BatchedGemm / GroupedGemm: kernels::BatchInvariantGemmTc (bf16 tensor cores,
-  //    a rounded to bf16 as in the default mode), kernels::BatchInvariantGemmWarp for fp32
-  //    weights and layouts the tensor-core kernel does not take; FP8 Gemm: kernels::Fp8MmaGemm
+  //  * bf16 Gemm / BatchedGemm / GroupedGemm: kernels::BatchInvariantGemmPipelined (bf16 tensor
+  //    cores, a rounded to bf16 first as in the default mode, a k split fixed by the shape), on
+  //    devices without its sm_90 clusters kernels::BatchInvariantGemmTc, and
+  //    kernels::BatchInvariantGemmWarp for fp32 weights and layouts neither takes; FP8 Gemm:
+  //    kernels::Fp8MmaGemm
   //    with a fixed k split (kBatchInvariantFp8KSplit; its tile by rows as below, every tile
   //    giving the same bits at a fixed split), else the weight dequantised to bf16;
   //  * AddRmsNormGemms, GateUpSiluMulBf16, NormedDenseMlp, RoutedAndSharedExperts,
@@ -197,14 +199,6 @@ class CudaBackend : public Backend {
   // CudaTuning::batch_invariant: kernels::Bf16MmaGroupedGemm's warps per k (the routed experts'
   // bf16 GEMMs), as kBatchInvariantFp8KSplit.
   static constexpr int32_t kBatchInvariantBf16KSplit = 1;
-  // CudaTuning::batch_invariant: from this many rows and output columns BatchInvariantGemm rounds
-  // an fp32 a to bf16 in a pass of its own before kernels::BatchInvariantGemmTc (the same bits as
-  // the kernel's own rounding; half the activation bytes that its blocks read again, once per 16
-  // or 32 columns, for one more launch). Guesses, not measured: from 1024 columns the bytes saved
-  // (at 128 rows, k 2048: >= 16 MB) outweigh the pass; W_uk, W_uv (512 and 128) and kv_a (576)
-  // keep the kernel's rounding.
-  static constexpr int64_t kBatchInvariantRoundRows = 16;
-  static constexpr int64_t kBatchInvariantRoundColumns = 1024;
   // CudaTuning::batch_invariant: MlaAttentionF32's context splits per (token, head group), fixed
   // (the default picks them from the token count). 2 is what the default picks at 128 decode
   // tokens of 16 heads on the H200 (132 SMs x 2 blocks per SM; 2-3 splits merge inside a

@@ -2,9 +2,10 @@
 // not depend on how many rows the call has or where the row sits among them (bit for bit), and
 // the results match CpuBackend (the fp32 and bf16 references) within the bounds of
 // cuda_backend_gemm_test: Gemm (fp32 and bf16 weights, fp32 and bf16 activations, with
-// accumulation and strides, tensor-core and warp kernels; the tensor-core kernel's 32-row and
-// 128 x 64 tiles, calls of up to 4353 rows) and BatchedGemm (the absorbed-MLA layouts, both
-// tiles), and RoutedExperts (the grouped expert GEMMs). Skips without a GPU.
+// accumulation and strides, the pipelined tensor-core and the warp kernels; the pipelined
+// kernel's row tiles of 16 to 128 rows, column tiles of 64 and 128 and k splits of 1 to 8, calls
+// of up to 4353 rows) and BatchedGemm (the absorbed-MLA layouts), and RoutedExperts (the grouped
+// expert GEMMs). Skips without a GPU.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -139,11 +140,11 @@ class BatchInvariantTest : public testing::CudaBackendTest {
 
 // Shapes of the Moonlight decode GEMMs (q, kv_a, o_proj, the shared experts' gate_up and down, the
 // dense gate_up and down, the router with fp32 weights), a wide one as the LM head, and odd ones
-// that only the warp kernel takes. The large calls of the wide shapes take the tensor-core
-// kernel's large tiles, the small ones its small tiles (16 or 32 columns a block, by the block
-// count); fp32 activations from 16 rows (and 1024 columns) are rounded to bf16 in a pass of
-// their own, otherwise in the kernel; the warp kernel takes 2 x 4 tiles for many outputs (the
-// router at 256 and 201 rows), one output a warp for few.
+// that only the warp kernel takes. The pipelined kernel's row tile follows the call's rows (16
+// to 128), its column tile the block count (64 or 128 columns), its k split the shape (8 for
+// kv_a, 4 for q, o_proj and the down projections, 2 for the shared gate_up, 1 for the rest); fp32
+// activations are rounded to bf16 in a pass of their own; the warp kernel takes 2 x 4 tiles for
+// many outputs (the router at 256 and 201 rows), one output a warp for few.
 TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
   const std::vector<GemmCase> cases = {
       {3072, 2048, 2048, 3072, WeightDType::kBFloat16},
@@ -166,13 +167,12 @@ TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
-// Prefill-sized calls (up to 4353 rows) across the tensor-core kernel's choice of tile by the
-// block count (128 x 64 tiles from 33 rows and 264 blocks, else 32-row tiles): a row summed by
-// either tile, at any place in it, is the same bit for bit. The shapes: Moonlight's q (48 column
-// tiles: large tiles from 641 rows) and kv_a (9: from 3713 rows), n not a multiple of the tile, k
-// whose 32-wide steps split unevenly over the 8 partitions and end in a partial step (k = 1416: 45
-// steps, the last of one 8-value chunk), and k of fewer than 8 steps (k = 136: 5 steps, 3
-// partitions empty).
+// Prefill-sized calls (up to 4353 rows) across the pipelined kernel's row and column tiles (the
+// 128-row tile of many row tiles, 128 columns from 264 blocks): a row summed by any tile, at any
+// place in it, is the same bit for bit. The shapes: Moonlight's q (4 k splits) and kv_a (8), n not
+// a multiple of the tile, k whose 64-wide steps split unevenly over the 4 splits and end in a
+// partial step (k = 1416: 23 steps, the last of 8 values), and k of too few steps to split
+// (k = 136: 3 steps, one split).
 TEST_F(BatchInvariantTest, GemmRowsAreTheSameAcrossTileSizesAtPrefillRowCounts) {
   const std::vector<GemmCase> cases = {
       {3072, 2048, 2048, 3072, WeightDType::kBFloat16},
@@ -183,7 +183,7 @@ TEST_F(BatchInvariantTest, GemmRowsAreTheSameAcrossTileSizesAtPrefillRowCounts) 
   const int64_t kRows = 4353;
   for (const GemmCase& c : cases) {
     // CPU-checked rows in the last, partial 128-row tile of the full call; parts that take the
-    // small tiles (1 to 130 rows), the large ones (700 rows and more) or either by the shape.
+    // 16- to 128-row tiles, one row tile or many, 64 or 128 columns by the shape.
     ExpectGemmRowsInvariant(c, kRows, 4300,
                             {{0, 1},
                              {4352, 1},
@@ -205,9 +205,8 @@ TEST_F(BatchInvariantTest, BatchedGemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu)
     const char* name;
     int64_t n, k, lda, stride_a, ldw, stride_w, ldc, stride_c, a_row, w_size, c_row;
   };
-  // bf16 weights at 64 tokens: the small tiles; at 1100 (16 heads x 9 row tiles x 8 or 2 column
-  // tiles) the large ones for the full call, and for w_uk's 1000-row part (w_uv's: 256 blocks,
-  // the small ones), the small ones for the other parts.
+  // bf16 weights at 64 tokens: one row tile of 64 rows; at 1100 many 128-row tiles (w_uk: no k
+  // split, w_uv: 2), 128 columns where they give 264 blocks.
   for (const int64_t T : {int64_t{64}, int64_t{1100}}) {
     for (Case c : {Case{"w_uk", kvl, nope, nh * qk, qk, nope, kvl * nope, nh * kvl, kvl, nh * qk,
                         nh * kvl * nope, nh * kvl},

@@ -76,24 +76,29 @@ bool CudaBackend::GemmOnCublasLt(int64_t m, int64_t n, int64_t k, const void* a,
 }
 
 void CudaBackend::BatchInvariantGemm(const kernels::BatchInvariantGemmParams& p) {
-  if (kernels::BatchInvariantGemmTcSupports(p)) {
-    // From kBatchInvariantRoundRows rows and kBatchInvariantRoundColumns columns an fp32 a is
-    // rounded to bf16 in one pass first: the kernel rounds it the same way as it reads it (so the
-    // same bits), but each column tile's blocks read the activation rows again from L2, at half
-    // the bytes in bf16.
-    if (!p.a_bf16 && p.m >= kBatchInvariantRoundRows && p.n >= kBatchInvariantRoundColumns) {
-      kernels::BatchInvariantGemmParams r = p;
-      // Every element any product reads lies in the first (batch-1)*stride_a + (m-1)*lda + k.
-      auto a16 = RoundToBf16(static_cast<const float*>(p.a),
-                             (p.batch - 1) * p.stride_a + (p.m - 1) * p.lda + p.k);
-      r.a = a16->data();
-      r.a_bf16 = true;
-      if (kernels::BatchInvariantGemmTcSupports(r)) {
-        Check(kernels::BatchInvariantGemmTc(r, stream_), "kernels::BatchInvariantGemmTc");
-        return;
-      }
-    }
-    Check(kernels::BatchInvariantGemmTc(p, stream_), "kernels::BatchInvariantGemmTc");
+  if (!p.w_bf16) {
+    Check(kernels::BatchInvariantGemmWarp(p, stream_), "kernels::BatchInvariantGemmWarp");
+    return;
+  }
+  // bf16 weights: an fp32 a is rounded to bf16 in one pass first, at every m (the kernels round
+  // it the same way as they read it, so the same bits). Then the pipelined kernel, which takes
+  // bf16 a only, wherever it takes the layout; else the tensor-core kernel; else the warp kernel.
+  // None of the three choices depends on m, so each shape has one sum order for every m.
+  kernels::BatchInvariantGemmParams r = p;
+  std::unique_ptr<DeviceBuffer> a16;
+  if (!p.a_bf16) {
+    // Every element any product reads lies in the first (batch-1)*stride_a + (m-1)*lda + k.
+    a16 = RoundToBf16(static_cast<const float*>(p.a),
+                      (p.batch - 1) * p.stride_a + (p.m - 1) * p.lda + p.k);
+    r.a = a16->data();
+    r.a_bf16 = true;
+  }
+  if (kernels::BatchInvariantGemmPipelinedSupports(r)) {
+    Check(kernels::BatchInvariantGemmPipelined(r, stream_), "kernels::BatchInvariantGemmPipelined");
+    return;
+  }
+  if (kernels::BatchInvariantGemmTcSupports(r)) {
+    Check(kernels::BatchInvariantGemmTc(r, stream_), "kernels::BatchInvariantGemmTc");
     return;
   }
   Check(kernels::BatchInvariantGemmWarp(p, stream_), "kernels::BatchInvariantGemmWarp");
