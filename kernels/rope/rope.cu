@@ -62,6 +62,7 @@ constexpr int kEarlyCosSinSlots = 16;
 struct RmsNormRopeParams {
   int64_t rows = 0, heads = 0, dim = 0, rope_dim = 0;
   const float* x = nullptr;
+  const __nv_bfloat16* x_bf16 = nullptr;  // set: the rows are these bf16 values, x is not read
   int64_t ldx = 0;
   const float* weight = nullptr;
   float eps = 0.0f;
@@ -91,20 +92,50 @@ __device__ __forceinline__ void StoreWarpRow(const RmsNormRopeParams& p, int64_t
   }
 }
 
-// One call's rows at kRopeWarpRows rows a block (bandwidth-bound prefill rows): the weights and
-// inverse frequencies read and the cos/sin computed after the norm's reduction.
-template <int kPerLane>
+// Element i of a row, widened to fp32 (exactly, from bf16).
+__device__ __forceinline__ float Widened(const float* row, int64_t i) { return row[i]; }
+__device__ __forceinline__ float Widened(const __nv_bfloat16* row, int64_t i) {
+  return __bfloat162float(row[i]);
+}
+
+// One call's rows at kRopeWarpRows rows a block (bandwidth-bound prefill rows), read as In (fp32:
+// p.x; bf16: p.x_bf16): the weights and inverse frequencies read after the norm's reduction.
+// Where the block's rows are all one token's (a query's heads, a multiple of kRopeWarpRows), the
+// block computes that token's cos/sin once into shared memory while its rows load (a thread a
+// pair: once for the 8 rows instead of once for each row's rope slice, in double precision);
+// otherwise each lane computes its own after the reduction. The same RopeCosSin either way, so
+// the same bits.
+template <int kPerLane, typename In>
 __device__ void RmsNormRopeWideBody(RmsNormRopeParams p) {
+  __shared__ float2 cos_sin[16 * kPerLane];  // a row's pairs: rope_dim <= dim <= 32 * kPerLane
   const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRopeWarpRows + threadIdx.x / 32;
-  if (row >= p.rows) return;  // the whole warp: no barrier or shuffle below misses a lane
-  const float* xr = p.x + row * p.ldx;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRopeWarpRows;
+  const int64_t row = first + threadIdx.x / 32;
+  const int64_t last = (first + kRopeWarpRows < p.rows ? first + kRopeWarpRows : p.rows) - 1;
+  const bool one_token = first / p.heads == last / p.heads;  // the same for the whole block
+  const bool in_rows = row < p.rows;
+  const In* xr;
+  if constexpr (std::is_same_v<In, float>) {
+    xr = p.x + row * p.ldx;
+  } else {
+    xr = p.x_bf16 + row * p.ldx;
+  }
   float v[kPerLane];
 #pragma unroll
   for (int s = 0; s < kPerLane; ++s) {
     const int64_t i = lane + 32 * s;
-    v[s] = i < p.dim ? xr[i] : 0.0f;
+    v[s] = in_rows && i < p.dim ? Widened(xr, i) : 0.0f;
   }
+  if (one_token) {
+    const float token_pos = static_cast<float>(p.positions[first / p.heads]);
+    for (int64_t j = threadIdx.x; j < p.rope_dim / 2; j += kRopeWarpRows * 32) {
+      float cs, sn;
+      RopeCosSin(token_pos, p.inv_freq[j], p.attention_factor, &cs, &sn);
+      cos_sin[j] = make_float2(cs, sn);
+    }
+    __syncthreads();
+  }
+  if (!in_rows) return;  // the whole warp: no barrier or shuffle below misses a lane
   const float inv = WarpRowInvRms<kPerLane>(v, p.dim, p.eps);
   const int64_t base = p.dim - p.rope_dim;
   const float pos = static_cast<float>(p.positions[row / p.heads]);
@@ -117,7 +148,12 @@ __device__ void RmsNormRopeWideBody(RmsNormRopeParams p) {
     const float partner = __shfl_xor_sync(0xffffffffu, o, 1);
     if (i < p.dim && i >= base) {
       float cs, sn;
-      RopeCosSin(pos, p.inv_freq[(i - base) / 2], p.attention_factor, &cs, &sn);
+      if (one_token) {
+        const float2 c = cos_sin[(i - base) / 2];
+        cs = c.x, sn = c.y;
+      } else {
+        RopeCosSin(pos, p.inv_freq[(i - base) / 2], p.attention_factor, &cs, &sn);
+      }
       o = (i & 1) == 0 ? RotatedFirst(o, partner, cs, sn) : RotatedSecond(partner, o, cs, sn);
     }
     v[s] = o;
@@ -470,12 +506,19 @@ cudaError_t LaunchRmsNormRopeRows(const RmsNormRopeParams& a, const RmsNormRopeP
 template <int kPerLane>
 cudaError_t LaunchRmsNormRopeFor(const RmsNormRopeParams& a, const RmsNormRopeParams& b,
                                  RopeRows rows_shape, cudaStream_t stream) {
+  if (a.x_bf16 != nullptr) {  // bf16 rows (one call): 8 rows a block at every row count
+    const int64_t blocks = (a.rows + kRopeWarpRows - 1) / kRopeWarpRows;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    return LaunchAfterPrecedingGrids<RmsNormRopeWideBody<kPerLane, __nv_bfloat16>,
+                                     kRopeWarpRows * 32>(static_cast<unsigned>(blocks), 0, stream,
+                                                         a);
+  }
   if (rows_shape == RopeRows::kAuto && a.rows + b.rows <= kRopeFewRows)
     return LaunchRmsNormRopeRows<kPerLane, kFewRowsWarpRows>(a, b, stream);
   if (b.rows == 0) {
     const int64_t blocks = (a.rows + kRopeWarpRows - 1) / kRopeWarpRows;
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-    return LaunchAfterPrecedingGrids<RmsNormRopeWideBody<kPerLane>, kRopeWarpRows * 32>(
+    return LaunchAfterPrecedingGrids<RmsNormRopeWideBody<kPerLane, float>, kRopeWarpRows * 32>(
         static_cast<unsigned>(blocks), 0, stream, a);
   }
   return LaunchRmsNormRopeRows<kPerLane, kRopeWarpRows>(a, b, stream);
@@ -528,6 +571,21 @@ cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const 
   p.out_bf16 = reinterpret_cast<__nv_bfloat16*>(out), p.ldout = ldout;
   p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
   return LaunchRmsNormRope(p, RmsNormRopeParams{}, rows_shape, stream);
+}
+
+cudaError_t RmsNormRopeBf16(int64_t tokens, int64_t heads, int64_t dim, const uint16_t* x,
+                            int64_t ldx, const float* weight, float eps, uint16_t* out,
+                            int64_t ldout, int64_t rope_dim, const int32_t* positions,
+                            const float* inv_freq, float attention_factor, cudaStream_t stream) {
+  if (!RmsNormRopeSupported(tokens, heads, dim, rope_dim)) return cudaErrorInvalidValue;
+  if (tokens == 0) return cudaSuccess;
+  if (x == nullptr || out == nullptr || (x == out && ldx != ldout)) return cudaErrorInvalidValue;
+  RmsNormRopeParams p;
+  p.rows = tokens * heads, p.heads = heads, p.dim = dim, p.rope_dim = rope_dim;
+  p.x_bf16 = reinterpret_cast<const __nv_bfloat16*>(x), p.ldx = ldx, p.weight = weight;
+  p.eps = eps, p.out_bf16 = reinterpret_cast<__nv_bfloat16*>(out), p.ldout = ldout;
+  p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
+  return LaunchRmsNormRope(p, RmsNormRopeParams{}, RopeRows::kWide, stream);
 }
 
 bool RmsNormRopePairSupported(const RmsNormRopeRows& a, const RmsNormRopeRows& b,
