@@ -223,8 +223,12 @@ struct NormRopeArgs {
   const float* inv_freq = nullptr;     // [rope_dim / 2]
   float attention_factor = 1.0f;
   // Set (only where V4Ops::TakesBf16Attention says so, with out null): the values rounded to
-  // bf16 (nearest even; bits) go here instead of out, [tokens * heads, dim], not overlapping x.
+  // bf16 (nearest even; bits) go here instead of out, [tokens * heads, dim], not overlapping x
+  // (x_bf16: either that or x_bf16 itself, in place).
   uint16_t* out_bf16 = nullptr;
+  // Set (only with out_bf16): the rows are these bf16 values (bits, widened to fp32 exactly),
+  // [tokens * heads, dim], and x is not read.
+  const uint16_t* x_bf16 = nullptr;
 };
 
 class V4Ops {

@@ -54,17 +54,29 @@ bool CudaV4Ops::HcMixFromStreams(const HcMixArgs& a) {
 
 bool CudaV4Ops::NormRope(const NormRopeArgs& a) {
   if (!kernels::RmsNormRopeSupported(a.tokens, a.heads, a.dim, a.rope_dim)) return false;
+  if (a.x_bf16 != nullptr && a.out_bf16 == nullptr) return false;
   CudaBackend::OpTimer timer(backend_, "V4NormRope");
   const bool bf16 = a.out_bf16 != nullptr;
-  const cudaError_t err =
-      bf16 ? kernels::RmsNormRopeToBf16(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps,
-                                        a.out_bf16, a.dim, a.rope_dim, a.positions, a.inv_freq,
-                                        a.attention_factor, backend_->stream_)
-           : kernels::RmsNormRopeF32(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps, a.out,
-                                     a.dim, a.rope_dim, a.positions, a.inv_freq, a.attention_factor,
-                                     backend_->stream_);
+  cudaError_t err;
+  const char* call;
+  if (a.x_bf16 != nullptr) {
+    call = "kernels::RmsNormRopeBf16";
+    err = kernels::RmsNormRopeBf16(a.tokens, a.heads, a.dim, a.x_bf16, a.dim, a.weight, a.eps,
+                                   a.out_bf16, a.dim, a.rope_dim, a.positions, a.inv_freq,
+                                   a.attention_factor, backend_->stream_);
+  } else if (bf16) {
+    call = "kernels::RmsNormRopeToBf16";
+    err = kernels::RmsNormRopeToBf16(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps,
+                                     a.out_bf16, a.dim, a.rope_dim, a.positions, a.inv_freq,
+                                     a.attention_factor, backend_->stream_);
+  } else {
+    call = "kernels::RmsNormRopeF32";
+    err = kernels::RmsNormRopeF32(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps, a.out,
+                                  a.dim, a.rope_dim, a.positions, a.inv_freq, a.attention_factor,
+                                  backend_->stream_);
+  }
   if (err != cudaSuccess) {
-    RecordFailure(err, bf16 ? "kernels::RmsNormRopeToBf16" : "kernels::RmsNormRopeF32",
+    RecordFailure(err, call,
                   absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, ", dim ", a.dim,
                                ", rope_dim ", a.rope_dim));
   }
@@ -79,7 +91,8 @@ bool CudaV4Ops::NormRopePair(const NormRopeArgs& a, const NormRopeArgs& b) {
     return r;
   };
   const kernels::RmsNormRopeRows ra = rows(a), rb = rows(b);
-  if (a.out_bf16 != nullptr || b.out_bf16 != nullptr || a.rope_dim != b.rope_dim ||
+  if (a.out_bf16 != nullptr || b.out_bf16 != nullptr || a.x_bf16 != nullptr ||
+      b.x_bf16 != nullptr || a.rope_dim != b.rope_dim ||
       a.eps != b.eps || a.positions != b.positions || a.inv_freq != b.inv_freq ||
       a.attention_factor != b.attention_factor ||
       !kernels::RmsNormRopePairSupported(ra, rb, a.rope_dim)) {
