@@ -52,8 +52,10 @@ __device__ __forceinline__ RotatedPair RotatePair(const float* v, int64_t j, int
 // the lane's weights and inverse frequencies are loaded before the PDL wait (RmsNormRopePrefetch:
 // weights of the model), and up to kEarlyCosSinSlots slots a lane the cos/sin (which depend on
 // the position only) are computed before the norm's reduction; with kRopeWarpRows rows a block
-// (bandwidth-bound prefill rows, where those registers would cost occupancy) both come after it:
-// RmsNormRopeWideBody for one call's rows, RmsNormRopeBody<kPerLane, kRopeWarpRows> for a pair's.
+// (bandwidth-bound prefill rows, where those registers would cost occupancy) the weights and
+// inverse frequencies are read after it: RmsNormRopeWideBody for one call's rows (its cos/sin in
+// shared memory, once a block, where the block's rows are one token's), RmsNormRopeBody<kPerLane,
+// kRopeWarpRows> for a pair's.
 constexpr int kRopeWarpRows = 8;
 constexpr int64_t kRopeFewRows = 128;
 constexpr int kFewRowsWarpRows = 1;
