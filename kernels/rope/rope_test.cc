@@ -291,12 +291,12 @@ TEST(RopeKernelTest, NormRopeCacheAbsorbQueryMatchesCpuAndTheTwoLaunches) {
 // RmsNormRopeF32 against CpuBackend's RmsNorm + ApplyRope, and bit for bit against the two
 // kernels it replaces (RmsNormF32, ApplyRopeF32); RmsNormRopeToBf16 bit for bit its values
 // rounded; RmsNormRopeBf16 (bf16 rows in) against the CPU on the widened rows and bit for bit
-// RmsNormRopeToBf16 on them: DeepSeek-V4's query (1 and 3 tokens x 64 heads
+// RmsNormRopeToBf16 on them (rows of an even stride): DeepSeek-V4's query (1 and 3 tokens x 64 heads
 // of 512, rope 64, normed in place), its key and compressed entries (one head of 512 and of 128),
 // rows not a multiple of 32 wide and padded row strides, each warp-row size (up to 2048), row
 // counts on both sides of the few-rows launch shape's limit (128), each launch shape
-// (RopeRows::kAuto, kWide), 8-row blocks within one token (16 heads: the shared cos/sin) and
-// across tokens (12 heads).
+// (RopeRows::kAuto, kWide), blocks within one token (16 heads: the shared cos/sin of 8 fp32 or
+// 16 bf16 rows) and across tokens (12 heads), an odd count of rows.
 TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
@@ -377,7 +377,15 @@ TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
 
     // bf16 rows in: the CPU's RmsNorm + ApplyRope of the widened rows within the output's
     // rounding, and bit for bit RmsNormRopeToBf16 on the widened rows (in place where the case
-    // is; the padding between rows untouched).
+    // is; the padding between rows untouched). An odd row stride is refused (4-byte words).
+    if (c.ld % 2 != 0) {
+      DeviceArray<uint16_t> dx16(std::vector<uint16_t>(n, 0));
+      EXPECT_EQ(cudaErrorInvalidValue,
+                kernels::RmsNormRopeBf16(c.tokens, c.heads, c.dim, dx16.get(), c.ld, dw.get(), eps,
+                                         dx16.get(), c.ld, c.rope, dpos.get(), dinv.get(), factor,
+                                         nullptr));
+      continue;
+    }
     std::vector<uint16_t> x16(n);
     std::vector<float> widened(n);
     for (int64_t e = 0; e < n; ++e) {
