@@ -176,11 +176,13 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaV4Bf16ParityTest,
 // A model at the sizes of the bf16 prefill path (V4Ops::TakesBf16Attention: heads of 512, from
 // CudaV4Ops::kBf16AttentionMinTokens tokens a step), where the query is q_b's bf16 output
 // (Backend::GemmToBf16) normed and roped in place and o_a's products go to o_b in bf16
-// (Backend::BatchedGemmToBf16): dsv4_bf16's architecture with heads of 512 (rope 64) and dummy
-// weights, bf16 on the GPU and on the CPU backend, one 600-token prefill. Every row's logits
-// within the bf16 bound of the CPU's (max |GPU - CPU| relative to the row's max |CPU|; the
-// GPU's bf16 attention and the roundings both models make in other places differ by about
-// that), the median row well within it, and the argmax the CPU's on most rows.
+// (Backend::BatchedGemmToBf16): dsv4_bf16's architecture with heads of 512 (rope 64; the
+// indexer's heads of 128) and dummy weights, bf16 on the GPU and on the CPU backend, one
+// 600-token prefill. Every row's logits within twice the bf16 bound of the CPU's (max |GPU -
+// CPU| relative to the row's max |CPU|; the GPU's bf16 attention and the roundings only one of
+// the two makes differ by about that), the median row within half of it, and the argmax the
+// CPU's on most rows. The bounds are not yet measured on this model: the test prints the
+// figures.
 TEST(CudaV4Bf16PrefillTest, BigHeadsPrefillMatchesTheCpuBackend) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const Fixture fx = LoadFixture("dsv4_bf16");
@@ -199,6 +201,7 @@ TEST(CudaV4Bf16PrefillTest, BigHeadsPrefillMatchesTheCpuBackend) {
   ASSERT_EQ(set("\"head_dim\": 32", "\"head_dim\": 512"), 1u);
   ASSERT_EQ(set("\"qk_rope_head_dim\": 8", "\"qk_rope_head_dim\": 64"), 1u);
   ASSERT_EQ(set("\"partial_rotary_factor\": 0.25", "\"partial_rotary_factor\": 0.125"), 3u);
+  ASSERT_EQ(set("\"index_head_dim\": 16", "\"index_head_dim\": 128"), 1u);  // >= the rope's 64
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/v4_big_heads.json";
   {
