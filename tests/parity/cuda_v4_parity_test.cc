@@ -178,11 +178,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaV4Bf16ParityTest,
 // (Backend::GemmToBf16) normed and roped in place and o_a's products go to o_b in bf16
 // (Backend::BatchedGemmToBf16): dsv4_bf16's architecture with heads of 512 (rope 64; the
 // indexer's heads of 128) and dummy weights, bf16 on the GPU and on the CPU backend, one
-// 600-token prefill. Every row's logits within twice the bf16 bound of the CPU's (max |GPU -
-// CPU| relative to the row's max |CPU|; the GPU's bf16 attention and the roundings only one of
-// the two makes differ by about that), the median row within half of it, and the argmax the
-// CPU's on most rows. The bounds are not yet measured on this model: the test prints the
-// figures.
+// 600-token prefill. The rows' logit errors (max |GPU - CPU| relative to the row's max |CPU|;
+// the GPU's bf16 attention and the roundings only one of the two makes differ by about the bf16
+// bound) at the median within kBf16Tolerance and at the 90th percentile within 3 times it, and
+// the argmax the CPU's on 3 rows of 4: loose bounds, not yet measured on this model (the test
+// prints the figures), that a wrong layout or a missed rotation breaks.
 TEST(CudaV4Bf16PrefillTest, BigHeadsPrefillMatchesTheCpuBackend) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const Fixture fx = LoadFixture("dsv4_bf16");
@@ -259,9 +259,9 @@ TEST(CudaV4Bf16PrefillTest, BigHeadsPrefillMatchesTheCpuBackend) {
       "%.3e, p90 %.3e, max %.3e; argmax equal on %lld rows\n",
       static_cast<long long>(kTokens), sorted[kTokens / 2], sorted[kTokens * 9 / 10],
       sorted.back(), static_cast<long long>(argmax_match));
-  EXPECT_LE(sorted.back(), 2 * kBf16Tolerance);
-  EXPECT_LE(sorted[kTokens / 2], kBf16Tolerance / 2);
-  EXPECT_GE(argmax_match, kBf16GreedyAgreement * kTokens);
+  EXPECT_LE(sorted[kTokens / 2], kBf16Tolerance);
+  EXPECT_LE(sorted[kTokens * 9 / 10], 3 * kBf16Tolerance);
+  EXPECT_GE(argmax_match, 3 * kTokens / 4);
 }
 
 }  // namespace
