@@ -2,12 +2,14 @@
 // (HcMixFromStreams: two).
 #include "worker/backend/cuda/cuda_v4_ops.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/activation/elementwise.h"
+#include "kernels/moe/expert_activation.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
 #include "kernels/rope/rope.h"
 #include "kernels/v4/compress_windows.h"
@@ -290,6 +292,17 @@ void CudaV4Ops::SwiGluClamped(int64_t rows, int64_t inter, const float* x, float
   if (err != cudaSuccess) {
     RecordFailure(err, "kernels::SwiGluClampedF32", absl::StrCat("rows ", rows, ", inter ", inter));
   }
+}
+
+bool CudaV4Ops::SwiGluClampedBf16(int64_t rows, int64_t inter, const uint16_t* x, float limit,
+                                  uint16_t* out) {
+  CudaBackend::OpTimer timer(backend_, "V4SwiGluClampedBf16");
+  const cudaError_t err =
+      kernels::SiluMulBf16(rows, inter, x, out, backend_->stream_, nullptr, std::max(limit, 0.0f));
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::SiluMulBf16", absl::StrCat("rows ", rows, ", inter ", inter));
+  }
+  return true;
 }
 
 }  // namespace deepinfer
