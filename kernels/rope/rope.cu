@@ -130,8 +130,7 @@ __device__ __forceinline__ void NormRopeStoreRow(const RmsNormRopeParams& p, int
 
 // The cos / sin of the rope pairs of token t into table (a thread a pair), then a barrier: every
 // thread of the block calls it.
-__device__ __forceinline__ void TokenCosSin(const RmsNormRopeParams& p, int64_t t,
-                                            float2* table) {
+__device__ __forceinline__ void TokenCosSin(const RmsNormRopeParams& p, int64_t t, float2* table) {
   const float pos = static_cast<float>(p.positions[t]);
   for (int64_t j = threadIdx.x; j < p.rope_dim / 2; j += blockDim.x) {
     float cs, sn;
@@ -572,7 +571,7 @@ cudaError_t LaunchRmsNormRopeWide(const RmsNormRopeParams& a, cudaStream_t strea
                       grid, 0, stream, a);
   }
   return bf16 ? LaunchAfterPrecedingGrids<RmsNormRopeBf16Body<kPerLane, false>, kThreads>(grid, 0,
-                                                                                        stream, a)
+                                                                                          stream, a)
               : LaunchAfterPrecedingGrids<RmsNormRopeWideBody<kPerLane, false>, kThreads>(
                     grid, 0, stream, a);
 }

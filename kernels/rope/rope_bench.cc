@@ -158,16 +158,16 @@ void RunPrefill() {
                                       kDim, kRope, pos, inv, 1.0f, nullptr);
   };
   const auto bf16 = [&] {
-    return kernels::RmsNormRopeBf16(kPrefillTokens, kHeads, kDim, x16, kDim, ones, 1e-6f, x16,
-                                    kDim, kRope, pos, inv, 1.0f, nullptr);
+    return kernels::RmsNormRopeBf16(kPrefillTokens, kHeads, kDim, x16, kDim, ones, 1e-6f, x16, kDim,
+                                    kRope, pos, inv, 1.0f, nullptr);
   };
   struct Case {
     const char* what;
     std::function<cudaError_t()> call;
     int64_t bytes_per_value;  // read + written
   };
-  for (const Case& c : {Case{"fp32->fp32", f32, 8}, Case{"fp32->bf16", to16, 6},
-                        Case{"bf16->bf16", bf16, 4}}) {
+  for (const Case& c :
+       {Case{"fp32->fp32", f32, 8}, Case{"fp32->bf16", to16, 6}, Case{"bf16->bf16", bf16, 4}}) {
     const double ms = bench::MedianMs(c.call);
     std::printf("norm_rope prefill %-10s tokens %lld x 64 x 512  %9.1f us  %7.0f GB/s\n", c.what,
                 static_cast<long long>(kPrefillTokens), ms * 1e3,

@@ -291,9 +291,9 @@ TEST(RopeKernelTest, NormRopeCacheAbsorbQueryMatchesCpuAndTheTwoLaunches) {
 // RmsNormRopeF32 against CpuBackend's RmsNorm + ApplyRope, and bit for bit against the two
 // kernels it replaces (RmsNormF32, ApplyRopeF32); RmsNormRopeToBf16 bit for bit its values
 // rounded; RmsNormRopeBf16 (bf16 rows in) against the CPU on the widened rows and bit for bit
-// RmsNormRopeToBf16 on them (rows of an even stride): DeepSeek-V4's query (1 and 3 tokens x 64 heads
-// of 512, rope 64, normed in place), its key and compressed entries (one head of 512 and of 128),
-// rows not a multiple of 32 wide and padded row strides, each warp-row size (up to 2048), row
+// RmsNormRopeToBf16 on them (rows of an even stride): DeepSeek-V4's query (1 and 3 tokens x 64
+// heads of 512, rope 64, normed in place), its key and compressed entries (one head of 512 and of
+// 128), rows not a multiple of 32 wide and padded row strides, each warp-row size (up to 2048), row
 // counts on both sides of the few-rows launch shape's limit (128), each launch shape
 // (RopeRows::kAuto, kWide), blocks within one token (16 heads: the shared cos/sin of 8 fp32 or
 // 16 bf16 rows) and across tokens (12 heads), an odd count of rows.
@@ -409,9 +409,9 @@ TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
     }
     DeviceArray<uint16_t> dx16(input16), dout16(std::vector<uint16_t>(n, kUntouched));
     uint16_t* out16 = c.in_place ? dx16.get() : dout16.get();
-    DEEPINFER_CUDA_OK(kernels::RmsNormRopeBf16(c.tokens, c.heads, c.dim, dx16.get(), c.ld,
-                                               dw.get(), eps, out16, c.ld, c.rope, dpos.get(),
-                                               dinv.get(), factor, nullptr));
+    DEEPINFER_CUDA_OK(kernels::RmsNormRopeBf16(c.tokens, c.heads, c.dim, dx16.get(), c.ld, dw.get(),
+                                               eps, out16, c.ld, c.rope, dpos.get(), dinv.get(),
+                                               factor, nullptr));
     std::vector<uint16_t> from16, want16;
     DEEPINFER_CUDA_OK((c.in_place ? dx16 : dout16).Download(&from16));
     DEEPINFER_CUDA_OK(ref16.Download(&want16));

@@ -257,8 +257,8 @@ TEST(CudaV4Bf16PrefillTest, BigHeadsPrefillMatchesTheCpuBackend) {
   std::printf(
       "[bf16-prefill] cuda-v4 heads of 512, %lld tokens against the CPU: rows' rel error median "
       "%.3e, p90 %.3e, max %.3e; argmax equal on %lld rows\n",
-      static_cast<long long>(kTokens), sorted[kTokens / 2], sorted[kTokens * 9 / 10],
-      sorted.back(), static_cast<long long>(argmax_match));
+      static_cast<long long>(kTokens), sorted[kTokens / 2], sorted[kTokens * 9 / 10], sorted.back(),
+      static_cast<long long>(argmax_match));
   EXPECT_LE(sorted[kTokens / 2], kBf16Tolerance);
   EXPECT_LE(sorted[kTokens * 9 / 10], 3 * kBf16Tolerance);
   EXPECT_GE(argmax_match, 3 * kTokens / 4);

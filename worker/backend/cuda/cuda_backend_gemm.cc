@@ -373,12 +373,12 @@ bool CudaBackend::GemmToBf16(int64_t m, int64_t n, int64_t k, ActivationView a, 
   if (!GemmOnCublasLt(m, n, k, a_bf16, lda, w, ldw, c, ldc, /*c_bf16=*/true,
                       /*accumulate=*/false)) {
     const float alpha = 1.0f, beta = 0.0f;
-    CheckBlas(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
-                           static_cast<int>(m), static_cast<int>(k), &alpha, w.data, CUDA_R_16BF,
-                           static_cast<int>(ldw), a_bf16, CUDA_R_16BF, static_cast<int>(lda), &beta,
-                           c, CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
-                           CUBLAS_GEMM_DEFAULT),
-              "cublasGemmEx(bf16 out)");
+    CheckBlas(
+        cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, w.data, CUDA_R_16BF, static_cast<int>(ldw),
+                     a_bf16, CUDA_R_16BF, static_cast<int>(lda), &beta, c, CUDA_R_16BF,
+                     static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx(bf16 out)");
   }
   return true;
 }
@@ -404,9 +404,9 @@ bool CudaBackend::BatchedGemmToBf16(int64_t batch, int64_t m, int64_t n, int64_t
   CheckBlas(cublasGemmStridedBatchedEx(
                 cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                 static_cast<int>(k), &alpha, w.data, CUDA_R_16BF, static_cast<int>(ldw), stride_w,
-                a16 != nullptr ? a16->data() : a.data, CUDA_R_16BF, static_cast<int>(lda),
-                stride_a, &beta, c, CUDA_R_16BF, static_cast<int>(ldc), stride_c,
-                static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                a16 != nullptr ? a16->data() : a.data, CUDA_R_16BF, static_cast<int>(lda), stride_a,
+                &beta, c, CUDA_R_16BF, static_cast<int>(ldc), stride_c, static_cast<int>(batch),
+                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "cublasGemmStridedBatchedEx(bf16 out)");
   return true;
 }

@@ -359,8 +359,8 @@ TEST_F(CudaBackendTest, GemmToBf16MatchesCpuGemmRounded) {
       for (bool autotune : {false, true}) {
         CudaBackend* be = autotune ? gpu_.get() : plain->get();
         const uint32_t seed = testing::FreshSeed();
-        SCOPED_TRACE(::testing::Message() << "rows " << rows << " a_bf16 " << a_bf16
-                                          << " autotune " << autotune << " seed " << seed);
+        SCOPED_TRACE(::testing::Message() << "rows " << rows << " a_bf16 " << a_bf16 << " autotune "
+                                          << autotune << " seed " << seed);
         auto a = testing::RandomFloats(rows * k, seed);
         auto w = testing::RandomFloats(n * k, seed + 1, 0.05f);
         std::vector<uint16_t> a16(a.size());
@@ -440,8 +440,8 @@ TEST_F(CudaBackendTest, BatchedGemmToBf16MatchesCpuRounded) {
     const ActivationView av =
         a_bf16 ? ActivationView::Bf16(da16->as<uint16_t>()) : ActivationView(da->as<float>());
     auto dc = gpu_->Allocate(want.size() * sizeof(uint16_t));
-    ASSERT_TRUE(gpu_->BatchedGemmToBf16(groups, rows, n, k, av, groups * k, k, GpuBf16(w, &keep),
-                                        k, n * k, dc->as<uint16_t>(), groups * n, n));
+    ASSERT_TRUE(gpu_->BatchedGemmToBf16(groups, rows, n, k, av, groups * k, k, GpuBf16(w, &keep), k,
+                                        n * k, dc->as<uint16_t>(), groups * n, n));
     std::vector<uint16_t> got(want.size());
     gpu_->CopyToHost(dc->data(), got.size() * sizeof(uint16_t), got.data());
     ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();

@@ -94,8 +94,8 @@ bool CudaV4Ops::NormRopePair(const NormRopeArgs& a, const NormRopeArgs& b) {
   };
   const kernels::RmsNormRopeRows ra = rows(a), rb = rows(b);
   if (a.out_bf16 != nullptr || b.out_bf16 != nullptr || a.x_bf16 != nullptr ||
-      b.x_bf16 != nullptr || a.rope_dim != b.rope_dim ||
-      a.eps != b.eps || a.positions != b.positions || a.inv_freq != b.inv_freq ||
+      b.x_bf16 != nullptr || a.rope_dim != b.rope_dim || a.eps != b.eps ||
+      a.positions != b.positions || a.inv_freq != b.inv_freq ||
       a.attention_factor != b.attention_factor ||
       !kernels::RmsNormRopePairSupported(ra, rb, a.rope_dim)) {
     return false;

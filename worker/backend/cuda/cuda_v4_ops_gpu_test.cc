@@ -464,8 +464,8 @@ TEST_F(CudaV4OpsTest, Bf16QueryAndOutputAtPrefillMatchTheFp32PathAndCpu) {
     EXPECT_EQ(got_bits, want_bits) << "bf16 rows in: not NormRope of the widened rows";
     std::vector<float> cpu_w(widened.size()), got_w(got_bits.size());
     cpu_.RmsNorm(T * NH, D, widened.data(), D, ones.data(), eps, cpu_w.data(), D);
-    cpu_.ApplyRope(T, NH, cpu_w.data() + D - RD, NH * D, D, RD, positions.data(),
-                   inv_freq.data(), factor, /*interleaved=*/true);
+    cpu_.ApplyRope(T, NH, cpu_w.data() + D - RD, NH * D, D, RD, positions.data(), inv_freq.data(),
+                   factor, /*interleaved=*/true);
     for (size_t i = 0; i < got_bits.size(); ++i) got_w[i] = Bf16BitsToFloat(got_bits[i]);
     EXPECT_TRUE(AllClose(got_w, cpu_w, 1e-6, 1.0 / 256)) << "bf16 rows in: against the CPU";
   }

@@ -158,8 +158,8 @@ int MainV4(const std::vector<int64_t>& row_counts) {
                                  og16->as<uint16_t>(), kGroups * kOl, kOl)) {
           Fail("BatchedGemmToBf16 declined", 0);
         }
-        b.Gemm(m, kHidden, kGroups * kOl, ActivationView::Bf16(og16->as<uint16_t>()),
-               kGroups * kOl, o_bv, kGroups * kOl, out->as<float>(), kHidden, false);
+        b.Gemm(m, kHidden, kGroups * kOl, ActivationView::Bf16(og16->as<uint16_t>()), kGroups * kOl,
+               o_bv, kGroups * kOl, out->as<float>(), kHidden, false);
       });
       Report("o_a+o_b", m, n_equiv, kIn, "BatchedGemmToBf16 + Gemm (bf16 operand)", out16, f32);
     }

@@ -61,8 +61,8 @@ void V4Moe::Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out, b
       if (backend_->v4_ops()->SwiGluClampedBf16(rows, I, gu16->as<uint16_t>(),
                                                 static_cast<float>(config_.swiglu_limit),
                                                 act16->as<uint16_t>())) {
-        backend_->Gemm(rows, H, I, ActivationView::Bf16(act16->as<uint16_t>()), I, down, I, out,
-                       H, accumulate);
+        backend_->Gemm(rows, H, I, ActivationView::Bf16(act16->as<uint16_t>()), I, down, I, out, H,
+                       accumulate);
         return;
       }
     }

@@ -46,7 +46,8 @@ class V4Moe {
 
   // How Forward runs the experts.
   struct Mode {
-    bool fused = true;  // RoutedAndSharedExperts where the backend takes it; Mlp's bf16 path
+    // RoutedAndSharedExperts where the backend takes it; the shared expert's bf16 path (Mlp).
+    bool fused = true;
     bool device_only = false;          // a recorded step: FAILED_PRECONDITION unless on the device
     const int32_t* counted = nullptr;  // EPLB counts this many (token, expert) pairs (device)
   };
