@@ -553,9 +553,9 @@ cudaError_t LaunchRmsNormRopeRows(const RmsNormRopeParams& a, const RmsNormRopeP
                                                kWarpRows * 32>(grid, 0, stream, l);
 }
 
-// One call's rows in the 8-rows-a-block bodies: bf16 rows RmsNormRopeBf16Body, fp32 rows
-// RmsNormRopeWideBody, each with the token's cos / sin table where every block's rows are one
-// token's.
+// One call's rows in the 8-warp bodies: bf16 rows RmsNormRopeBf16Body (16 rows a block), fp32
+// rows RmsNormRopeWideBody (8), each with the token's cos / sin table where every block's rows
+// are one token's.
 template <int kPerLane>
 cudaError_t LaunchRmsNormRopeWide(const RmsNormRopeParams& a, cudaStream_t stream) {
   const bool bf16 = a.x_bf16 != nullptr;
@@ -579,7 +579,7 @@ cudaError_t LaunchRmsNormRopeWide(const RmsNormRopeParams& a, cudaStream_t strea
 template <int kPerLane>
 cudaError_t LaunchRmsNormRopeFor(const RmsNormRopeParams& a, const RmsNormRopeParams& b,
                                  RopeRows rows_shape, cudaStream_t stream) {
-  // bf16 rows (one call) 8 rows a block at every row count.
+  // bf16 rows (one call): RmsNormRopeBf16Body at every row count.
   if (a.x_bf16 == nullptr && rows_shape == RopeRows::kAuto && a.rows + b.rows <= kRopeFewRows)
     return LaunchRmsNormRopeRows<kPerLane, kFewRowsWarpRows>(a, b, stream);
   if (b.rows == 0) return LaunchRmsNormRopeWide<kPerLane>(a, stream);
