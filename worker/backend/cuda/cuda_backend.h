@@ -318,6 +318,15 @@ class CudaBackend : public Backend {
   bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
                          WeightView w, int64_t ldw, uint16_t* out) override;
   static constexpr int64_t kBf16GateUpMinRows = 512;
+  // From kBf16GateUpMinRows rows with bf16 weights, outside batch-invariant mode: one cuBLAS GEMM
+  // with a bf16 output (fp32 accumulation, rounded once by its epilogue; an fp32 a rounded to
+  // bf16 first, as Gemm rounds it).
+  bool GemmToBf16(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
+                  int64_t ldw, uint16_t* c, int64_t ldc) override;
+  // The same conditions (m rows a product): cublasGemmStridedBatchedEx with a bf16 output.
+  bool BatchedGemmToBf16(int64_t batch, int64_t m, int64_t n, int64_t k, ActivationView a,
+                         int64_t lda, int64_t stride_a, WeightView w, int64_t ldw, int64_t stride_w,
+                         uint16_t* c, int64_t ldc, int64_t stride_c) override;
   // The smallest m that CudaTuning::gemm_autotune sends through the cuBLASLt tuner.
   static constexpr int64_t kGemmAutotuneMinRows = 1024;
   // Shapes the tuner has an algorithm for (0 before the first tuned call).

@@ -366,6 +366,11 @@ TEST_F(BatchInvariantTest, RowCountSpecificOpsDecline) {
   EXPECT_FALSE(gpu_->GateUpSiluMulBf16(4096, 64, 64, ActivationView(static_cast<float*>(nullptr)),
                                        64, WeightView(nullptr, WeightDType::kBFloat16), 64,
                                        nullptr));
+  EXPECT_FALSE(gpu_->GemmToBf16(4096, 64, 64, ActivationView(static_cast<float*>(nullptr)), 64,
+                                WeightView(nullptr, WeightDType::kBFloat16), 64, nullptr, 64));
+  EXPECT_FALSE(gpu_->BatchedGemmToBf16(
+      2, 4096, 64, 64, ActivationView(static_cast<float*>(nullptr)), 128, 64,
+      WeightView(nullptr, WeightDType::kBFloat16), 64, 64 * 64, nullptr, 128, 64));
   MlaSequenceSpan s{0, 512, 512};
   EXPECT_FALSE(gpu_->UsesTensorCoreAttention(s));
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();

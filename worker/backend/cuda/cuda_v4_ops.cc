@@ -2,12 +2,14 @@
 // (HcMixFromStreams: two).
 #include "worker/backend/cuda/cuda_v4_ops.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/activation/elementwise.h"
+#include "kernels/moe/expert_activation.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
 #include "kernels/rope/rope.h"
 #include "kernels/v4/compress_windows.h"
@@ -54,17 +56,29 @@ bool CudaV4Ops::HcMixFromStreams(const HcMixArgs& a) {
 
 bool CudaV4Ops::NormRope(const NormRopeArgs& a) {
   if (!kernels::RmsNormRopeSupported(a.tokens, a.heads, a.dim, a.rope_dim)) return false;
+  if (a.x_bf16 != nullptr && a.out_bf16 == nullptr) return false;
   CudaBackend::OpTimer timer(backend_, "V4NormRope");
   const bool bf16 = a.out_bf16 != nullptr;
-  const cudaError_t err =
-      bf16 ? kernels::RmsNormRopeToBf16(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps,
-                                        a.out_bf16, a.dim, a.rope_dim, a.positions, a.inv_freq,
-                                        a.attention_factor, backend_->stream_)
-           : kernels::RmsNormRopeF32(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps, a.out,
-                                     a.dim, a.rope_dim, a.positions, a.inv_freq, a.attention_factor,
-                                     backend_->stream_);
+  cudaError_t err;
+  const char* call;
+  if (a.x_bf16 != nullptr) {
+    call = "kernels::RmsNormRopeBf16";
+    err = kernels::RmsNormRopeBf16(a.tokens, a.heads, a.dim, a.x_bf16, a.dim, a.weight, a.eps,
+                                   a.out_bf16, a.dim, a.rope_dim, a.positions, a.inv_freq,
+                                   a.attention_factor, backend_->stream_);
+  } else if (bf16) {
+    call = "kernels::RmsNormRopeToBf16";
+    err = kernels::RmsNormRopeToBf16(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps,
+                                     a.out_bf16, a.dim, a.rope_dim, a.positions, a.inv_freq,
+                                     a.attention_factor, backend_->stream_);
+  } else {
+    call = "kernels::RmsNormRopeF32";
+    err = kernels::RmsNormRopeF32(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps, a.out,
+                                  a.dim, a.rope_dim, a.positions, a.inv_freq, a.attention_factor,
+                                  backend_->stream_);
+  }
   if (err != cudaSuccess) {
-    RecordFailure(err, bf16 ? "kernels::RmsNormRopeToBf16" : "kernels::RmsNormRopeF32",
+    RecordFailure(err, call,
                   absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, ", dim ", a.dim,
                                ", rope_dim ", a.rope_dim));
   }
@@ -79,8 +93,9 @@ bool CudaV4Ops::NormRopePair(const NormRopeArgs& a, const NormRopeArgs& b) {
     return r;
   };
   const kernels::RmsNormRopeRows ra = rows(a), rb = rows(b);
-  if (a.out_bf16 != nullptr || b.out_bf16 != nullptr || a.rope_dim != b.rope_dim ||
-      a.eps != b.eps || a.positions != b.positions || a.inv_freq != b.inv_freq ||
+  if (a.out_bf16 != nullptr || b.out_bf16 != nullptr || a.x_bf16 != nullptr ||
+      b.x_bf16 != nullptr || a.rope_dim != b.rope_dim || a.eps != b.eps ||
+      a.positions != b.positions || a.inv_freq != b.inv_freq ||
       a.attention_factor != b.attention_factor ||
       !kernels::RmsNormRopePairSupported(ra, rb, a.rope_dim)) {
     return false;
@@ -277,6 +292,17 @@ void CudaV4Ops::SwiGluClamped(int64_t rows, int64_t inter, const float* x, float
   if (err != cudaSuccess) {
     RecordFailure(err, "kernels::SwiGluClampedF32", absl::StrCat("rows ", rows, ", inter ", inter));
   }
+}
+
+bool CudaV4Ops::SwiGluClampedBf16(int64_t rows, int64_t inter, const uint16_t* x, float limit,
+                                  uint16_t* out) {
+  CudaBackend::OpTimer timer(backend_, "V4SwiGluClampedBf16");
+  const cudaError_t err =
+      kernels::SiluMulBf16(rows, inter, x, out, backend_->stream_, nullptr, std::max(limit, 0.0f));
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::SiluMulBf16", absl::StrCat("rows ", rows, ", inter ", inter));
+  }
+  return true;
 }
 
 }  // namespace deepinfer
