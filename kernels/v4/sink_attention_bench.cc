@@ -25,13 +25,17 @@
 //                                 prefill rows every one);
 //   tensor_core_bf16_rows_io_all  with bf16 copies of every row buffer (kv, ring, stream);
 //   tensor_core_bf16_rows_io_kv_entries  with the copy of this step's keys and the compact copy
-//                                 of the entries' blocks (the backend's prefill call), after
-//                                 a line timing that copy (SinkAttentionEntriesToBf16);
+//                                 of the entries' blocks, after a line timing that copy
+//                                 (SinkAttentionEntriesToBf16);
+//   tensor_core_bf16_prefill_io   kTensorCoreBf16Prefill reading every row in fp32;
+//   tensor_core_bf16_prefill_io_kv  with a bf16 copy of this step's keys;
+//   tensor_core_bf16_prefill_io_kv_entries  with it and the compact copy of the entries read
+//                                 without its tables (seq_stride: the backend's prefill call);
 // (their bytes counted as the fp32 variants'): the mean per call of 10 calls captured in one
 // CUDA graph and replayed 5 times (as the decode step runs it), the eager median of 20, and the
 // bytes each call must read and write (the rows, Q, the output; the prefill's shared rows once)
 // per second in the graph, against the H200's 4.8 TB/s. `splits`: also every forced split count
-// of 1, 2, 4, 8 and 16.
+// of 1, 2, 4, 8 and 16; `prefill`: the prefill rows alone.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -70,6 +74,8 @@ const char* KernelName(SinkAttentionKernel k) {
       return "tensor_core_bf16";
     case SinkAttentionKernel::kTensorCoreBf16Rows:
       return "tensor_core_bf16_rows";
+    case SinkAttentionKernel::kTensorCoreBf16Prefill:
+      return "tensor_core_bf16_prefill";
     case SinkAttentionKernel::kAuto:
       break;
   }
@@ -229,28 +235,37 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
   }
   // The kernels, then the bf16 kernel with the bf16 query and output (one split; 16-byte, then
   // 4-byte aligned output), then kTensorCoreBf16Rows with it (no bf16 copies, kv's, all, kv's
-  // and the compact entries).
-  for (int variant = 0; variant < 9; ++variant) {
+  // and the compact entries), then kTensorCoreBf16Prefill (no copies, kv's, kv's and the
+  // compact entries with their seq_stride).
+  for (int variant = 0; variant < 12; ++variant) {
     const bool bf16_io = variant >= 3, aligned4 = variant == 4, rows = variant >= 5;
+    const bool prefill_kernel = variant >= 9;
     const SinkAttentionKernel k =
-        rows      ? SinkAttentionKernel::kTensorCoreBf16Rows
-        : bf16_io ? SinkAttentionKernel::kTensorCoreBf16
+        prefill_kernel ? SinkAttentionKernel::kTensorCoreBf16Prefill
+        : rows         ? SinkAttentionKernel::kTensorCoreBf16Rows
+        : bf16_io      ? SinkAttentionKernel::kTensorCoreBf16
                   : std::array<SinkAttentionKernel, 3>{SinkAttentionKernel::kTensorCoreExact,
                                                        SinkAttentionKernel::kTensorCoreBf16,
                                                        SinkAttentionKernel::kCudaCore}[variant];
-    const char* kname = variant == 5   ? "tensor_core_bf16_rows_io"
-                        : variant == 6 ? "tensor_core_bf16_rows_io_kv"
-                        : variant == 7 ? "tensor_core_bf16_rows_io_all"
-                        : variant == 8 ? "tensor_core_bf16_rows_io_kv_entries"
-                        : aligned4     ? "tensor_core_bf16_io_a4"
-                        : bf16_io      ? "tensor_core_bf16_io"
-                                       : KernelName(k);
+    const char* kname = variant == 5    ? "tensor_core_bf16_rows_io"
+                        : variant == 6  ? "tensor_core_bf16_rows_io_kv"
+                        : variant == 7  ? "tensor_core_bf16_rows_io_all"
+                        : variant == 8  ? "tensor_core_bf16_rows_io_kv_entries"
+                        : variant == 9  ? "tensor_core_bf16_prefill_io"
+                        : variant == 10 ? "tensor_core_bf16_prefill_io_kv"
+                        : variant == 11 ? "tensor_core_bf16_prefill_io_kv_entries"
+                        : aligned4      ? "tensor_core_bf16_io_a4"
+                        : bf16_io       ? "tensor_core_bf16_io"
+                                        : KernelName(k);
     kernels::SinkAttentionParams kp = p;
     kp.kernel = k;
-    if (variant >= 6) kp.kv_bf16 = kv_bf16;
-    if (variant == 8) {
+    if (variant >= 6 && variant != 9) kp.kv_bf16 = kv_bf16;
+    if (variant == 8 || variant == 11) {
       if (compact == nullptr) continue;  // no entries
       kp.entries_bf16 = {compact, compact_tables, p.entries.table_stride};
+      if (variant == 11) {
+        kp.entries_bf16.seq_stride = p.entries.table_stride * p.entries.block_floats;
+      }
     }
     if (variant == 7) {
       kp.ring_bf16 = ring_bf16;
@@ -295,7 +310,9 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
 }  // namespace deepinfer
 
 int main(int argc, char** argv) {
+  // `splits`: the split sweep too; `prefill`: only the prefill rows.
   const bool sweep = argc > 1 && std::strcmp(argv[1], "splits") == 0;
+  const bool prefill_only = argc > 1 && std::strcmp(argv[1], "prefill") == 0;
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Blocks of 16 positions: CSA (ratio 4) 4 entries = 2048 floats a block, HCA (ratio 128)
@@ -307,6 +324,7 @@ int main(int argc, char** argv) {
       {"window", 0, 0, false, 0},
   };
   for (const deepinfer::Layer& layer : layers) {
+    if (prefill_only) break;
     for (int64_t batch : {1, 64, 128, 4096}) deepinfer::Run(batch, layer, false, sweep, stream);
   }
   for (const deepinfer::Layer& layer : layers) deepinfer::Run(4096, layer, true, sweep, stream);
