@@ -245,7 +245,10 @@ bool Aligned(const void* ptr, size_t bytes) {
 }
 
 bool ParamsOk(const SinkAttentionParams& p) {
-  if (p.tokens < 0 || p.num_splits < 0 || p.num_splits > kMaxSinkAttentionSplits) return false;
+  if (p.tokens < 0 || p.num_splits < 0 || p.num_splits > kMaxSinkAttentionSplits ||
+      p.prefill_blocks < 0) {
+    return false;
+  }
   if (p.tokens == 0) return true;
   if (p.heads < 1 || p.dim < 1 || (p.q == nullptr && p.q_bf16 == nullptr) || p.kv == nullptr ||
       p.positions == nullptr || p.window_len == nullptr || p.step_start == nullptr ||
@@ -510,9 +513,20 @@ cudaError_t SinkAttentionF32(const SinkAttentionParams& p, cudaStream_t stream) 
     }
   }
   const int64_t per_block = HeadsPerBlock(k);
-  const dim3 grid(static_cast<unsigned>(p.tokens),
-                  static_cast<unsigned>((p.heads + per_block - 1) / per_block),
-                  static_cast<unsigned>(splits));
+  const int64_t head_blocks = (p.heads + per_block - 1) / per_block;
+  dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(head_blocks),
+            static_cast<unsigned>(splits));
+  if (k == SinkAttentionKernel::kTensorCoreBf16Prefill) {
+    // Blocks that take several tokens each: one per SM over the head groups by default.
+    int64_t blocks = p.prefill_blocks;
+    if (blocks == 0) {
+      const KernelFacts f =
+          KernelFactsForCurrentDevice(MmaKernel(k), static_cast<int>(MmaSmemBytes(k)));
+      if (f.error != cudaSuccess) return f.error;
+      blocks = std::max<int64_t>(1, f.sms / head_blocks);
+    }
+    grid.x = static_cast<unsigned>(std::min(p.tokens, blocks));
+  }
   switch (k) {
     case SinkAttentionKernel::kCudaCore:
       e = p.dim <= 128   ? LaunchCore<4>(grid, p, splits, stream)

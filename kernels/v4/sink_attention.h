@@ -104,6 +104,9 @@ struct SinkAttentionParams : SinkAttentionArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   SinkAttentionKernel kernel = SinkAttentionKernel::kAuto;
+  // kTensorCoreBf16Prefill's blocks per group of 64 heads, each taking every such block count's
+  // token in turn (0: one per SM, at most one per token). Tests and the benchmark set it.
+  int32_t prefill_blocks = 0;
   // bf16 copies of the key rows' buffers, read only by kTensorCoreBf16Rows and
   // kTensorCoreBf16Prefill (the other kernels ignore them): each the bits of its buffer's values
   // rounded to bf16 (nearest even, as RoundF32ToBf16 rounds), kv's and the ring's at the same

@@ -55,7 +55,7 @@ struct PrefillShape {
   // Per head: the two row halves' maxima and sums, the rescale factor, the final sum.
   static constexpr size_t kStatBytes = size_t{6} * kMmaHeads * sizeof(float);
   static constexpr size_t kSelectedBytes = size_t{kPrefillMaxSelected} * sizeof(int32_t);
-  static constexpr size_t kRopeBytes = size_t{kMmaDim / 2} * sizeof(float2);
+  static constexpr size_t kRopeBytes = size_t{2} * (kMmaDim / 2) * sizeof(float2);  // two tokens'
   static constexpr size_t kSmemBytes = kQBytes + 2 * kKBytes + kPBytes + kStatBytes +
                                        kSelectedBytes + kRopeBytes + 16;
 };
@@ -98,6 +98,21 @@ __device__ __forceinline__ TokenRows LoadPrefillRows(const SinkAttentionParams& 
   }
   r.count = r.window_len + extra;
   return r;
+}
+
+// Starts copying Q of heads h0 .. h0 + 63 of token t from q_bf16 (zeros past the last head)
+// into qh [64][kMmaLd] and commits the copies as one group.
+__device__ __forceinline__ void IssueQueryBf16(const SinkAttentionParams& p, int64_t t,
+                                               int64_t h0, __nv_bfloat16* qh) {
+  constexpr int kU4 = kMmaDim / 8;  // 16-byte pieces per head
+#pragma unroll 4
+  for (int e = threadIdx.x; e < kMmaHeads * kU4; e += kMmaThreads) {
+    const int hl = e / kU4, f = e % kU4;
+    const bool valid = h0 + hl < p.heads;
+    const uint16_t* src = p.q_bf16 + ((t * p.heads + (valid ? h0 + hl : 0)) * kMmaDim + 8 * f);
+    sm80::CopyAsync16(sm80::SharedAddr(qh + hl * kMmaLd + 8 * f), src, valid);
+  }
+  sm80::CopyAsyncCommit();
 }
 
 // 8 fp32 values from src (two 4-float groups, each within one block of the entries) rounded to
@@ -240,15 +255,15 @@ __device__ __forceinline__ void PrefillValues(const __nv_bfloat16* ps, const __n
   }
 }
 
-// The epilogue: out[t, h] = o / l for this warp's columns, l_s[h] the final sums. With out_bf16
-// each value as the fp32 output has it, a pair in the rope slice rotated (rope_pair.cuh, as
-// StoreOutBf16) and rounded to bf16 into qh's rows (free: the last score MMA is behind a block
-// barrier), then the block stores the existing heads' rows in 16-byte pieces (4-byte words where
-// out_bf16 is only 4-byte aligned).
+// The epilogue (every thread; the caller's block barrier makes l_s, rope and stage ready):
+// out[t, h] = o / l for this warp's columns, l_s[h] the final sums. With out_bf16 each value as
+// the fp32 output has it, a pair in the rope slice rotated (rope_pair.cuh, as StoreOutBf16) and
+// rounded to bf16 into stage [64][kMmaLd], then the block stores the existing heads' rows in
+// 16-byte pieces (4-byte words where out_bf16 is only 4-byte aligned).
 __device__ __forceinline__ void StorePrefillOut(const SinkAttentionParams& p, int64_t t,
                                                 int64_t h0, const float (&o)[4][8][4],
                                                 const float* l_s, const float2* rope,
-                                                __nv_bfloat16* qh) {
+                                                __nv_bfloat16* stage) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int col = warp * PrefillShape::kColsPerWarp + 2 * tq;
   const int rope_begin = kMmaDim - static_cast<int>(p.out_rope_dim);
@@ -261,7 +276,7 @@ __device__ __forceinline__ void StorePrefillOut(const SinkAttentionParams& p, in
       const float l = l_s[hl];
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       if (bf16) {
-        uint32_t* dst = reinterpret_cast<uint32_t*>(qh + hl * kMmaLd + col);
+        uint32_t* dst = reinterpret_cast<uint32_t*>(stage + hl * kMmaLd + col);
 #pragma unroll
         for (int nt = 0; nt < PrefillShape::kOutTiles; ++nt) {
           float y0 = o[mt][nt][2 * r] * inv, y1 = o[mt][nt][2 * r + 1] * inv;
@@ -289,7 +304,7 @@ __device__ __forceinline__ void StorePrefillOut(const SinkAttentionParams& p, in
   __syncthreads();
   const int64_t left = p.heads - h0;
   const int heads = left < kMmaHeads ? static_cast<int>(left) : kMmaHeads;
-  const uint16_t* src = reinterpret_cast<const uint16_t*>(qh);
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(stage);
   uint16_t* dst = p.out_bf16 + (t * p.heads + h0) * kMmaDim;
   if (reinterpret_cast<uintptr_t>(p.out_bf16) % 16 == 0) {
     constexpr int kRowPieces = kMmaDim / 8;
@@ -310,10 +325,35 @@ __device__ __forceinline__ void StorePrefillOut(const SinkAttentionParams& p, in
   }
 }
 
+// Starts the next token's loads (every thread calls it; two barriers): its rows (into *rows,
+// the selection into sel_s), its first tile into kb and its rope table; its Q is issued by the
+// caller once no warp reads the current Q.
+__device__ __forceinline__ void StartToken(const SinkAttentionParams& p, int64_t t,
+                                           TokenRows* rows, __nv_bfloat16* kb, int32_t* sel_s,
+                                           float2* rope, int32_t* scratch) {
+  *rows = LoadPrefillRows(p, t, sel_s, scratch);
+  if (rows->count > 0) IssuePrefillTile(p, *rows, 0, rows->count, kb);
+  if (p.out_bf16 != nullptr) RopeTable(p, t, rope);
+}
+
+// Q of token t into qh: copies from q_bf16, or q's values rounded here.
+__device__ __forceinline__ void StartQuery(const SinkAttentionParams& p, int64_t t, int64_t h0,
+                                           __nv_bfloat16* qh) {
+  if (p.q_bf16 != nullptr) {
+    IssueQueryBf16(p, t, h0, qh);
+  } else {
+    LoadQuery<false>(p, t, h0, qh, qh);
+  }
+}
+
+// Tokens blockIdx.x, blockIdx.x + gridDim.x, ... one after another: the next token's rows, first
+// tile, rope table and Q are loaded while the block computes the current token's last tile and
+// writes its output (staged in the key buffer of its last tile).
 __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) {
   using Shape = PrefillShape;
   constexpr int kRows = Shape::kRows, kPLd = Shape::kPLd;
   constexpr int kTile = kRows * kMmaLd;
+  constexpr int kRopePairs = kMmaDim / 2;
   extern __shared__ __align__(16) unsigned char sink_smem[];
   __nv_bfloat16* qh = reinterpret_cast<__nv_bfloat16*>(sink_smem);
   __nv_bfloat16* kbuf = qh + kMmaHeads * kMmaLd;  // two tiles
@@ -323,116 +363,144 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
   float* alpha_s = sum_s + 2 * kMmaHeads;                          // [64 heads]
   float* l_s = alpha_s + kMmaHeads;                                // [64 heads]
   int32_t* sel_s = reinterpret_cast<int32_t*>(l_s + kMmaHeads);
-  float2* rope = reinterpret_cast<float2*>(sel_s + kPrefillMaxSelected);
-  int32_t* scratch = reinterpret_cast<int32_t*>(rope + kMmaDim / 2);
+  float2* rope = reinterpret_cast<float2*>(sel_s + kPrefillMaxSelected);  // two tables
+  int32_t* scratch = reinterpret_cast<int32_t*>(rope + 2 * kRopePairs);
 
-  const int64_t t = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * kMmaHeads;
-  const TokenRows rows = LoadPrefillRows(p, t, sel_s, scratch);
-  const int32_t end = rows.count;
-  if (end > 0) IssuePrefillTile(p, rows, 0, end, kbuf);
-  if (p.q_bf16 != nullptr) {
-    LoadQueryBf16(p, t, h0, qh);
-  } else {
-    LoadQuery<false>(p, t, h0, qh, qh);
-  }
-  if (p.out_bf16 != nullptr) RopeTable(p, t, rope);
-
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kMmaHeads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4, g = lane / 4;
   const int hg = warp % 4, rh = warp / 4;
   // The score role's heads: hl[r] = 16 hg + g + 8 r (both row halves keep the same m, l).
   const int hl[2] = {hg * 16 + g, hg * 16 + g + 8};
-  float m[2], l[2];
-  StartState(p, h0 + hl[0], 0, &m[0], &l[0]);
-  StartState(p, h0 + hl[1], 0, &m[1], &l[1]);
-  float o[4][Shape::kOutTiles][4] = {};
   const float scale2 = p.scale * kLog2e;
 
-  int buf = 0;
+  int64_t t = blockIdx.x;
+  int buf = 0;  // the key buffer of the next tile to compute
+  int rt = 0;   // the current token's rope table
+  // Q's copies first (they depend on nothing the rows' lookups return); the tile loop's first
+  // wait takes them with the first tile's.
+  StartQuery(p, t, h0, qh);
+  TokenRows rows;
+  StartToken(p, t, &rows, kbuf, sel_s, rope, scratch);
 #pragma unroll 1
-  for (int32_t row0 = 0; row0 < end; row0 += kRows) {
-    const __nv_bfloat16* kb = kbuf + buf * kTile;
-    sm80::CopyAsyncWait<0>();
-    // The tile is complete (and Q, the rope table); every warp is done with the other buffer,
-    // P and the previous tile's maxima and sums.
-    __syncthreads();
-    buf ^= 1;
-    if (row0 + kRows < end) IssuePrefillTile(p, rows, row0 + kRows, end, kbuf + buf * kTile);
+  for (;;) {
+    const int64_t next_t = t + gridDim.x;
+    const bool has_next = next_t < p.tokens;
+    const int32_t end = rows.count;
+    float m[2], l[2];
+    StartState(p, h0 + hl[0], 0, &m[0], &l[0]);
+    StartState(p, h0 + hl[1], 0, &m[1], &l[1]);
+    float o[4][Shape::kOutTiles][4] = {};
 
-    float s[4][4];
-    PrefillScores(qh, kb, hg, rh, lane, s);
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const bool valid = row0 + rh * 32 + n * 8 + 2 * tq + (i & 1) < end;
-        s[n][i] = valid ? s[n][i] * scale2 : -INFINITY;
-        tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
+#pragma unroll 1
+    for (int32_t row0 = 0; row0 < end; row0 += kRows) {
+      const __nv_bfloat16* kb = kbuf + buf * kTile;
+      sm80::CopyAsyncWait<0>();
+      // The tile is complete (and Q, the rope table); every warp is done with the other buffer,
+      // P and the previous tile's maxima and sums.
+      __syncthreads();
+      buf ^= 1;
+      const bool last = row0 + kRows >= end;
+      if (!last) {
+        IssuePrefillTile(p, rows, row0 + kRows, end, kbuf + buf * kTile);
+      } else if (has_next) {  // every tile of this token is issued: sel_s and rows are free
+        StartToken(p, next_t, &rows, kbuf + buf * kTile, sel_s, rope + (rt ^ 1) * kRopePairs,
+                   scratch);
       }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      if (tq == 0) max_s[rh * kMmaHeads + hl[r]] = tile_max[r];
-    }
-    __syncthreads();  // both halves' maxima
 
-    float alpha[2], base[2], sum[2] = {0.0f, 0.0f};
+      float s[4][4];
+      PrefillScores(qh, kb, hg, rh, lane, s);
+      float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], max_s[(rh ^ 1) * kMmaHeads + hl[r]]);
-      alpha[r] = Rescale(tile_max[r], &m[r], &base[r]);
-    }
+      for (int n = 0; n < 4; ++n) {
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[n][i] = exp2f(s[n][i] - base[i / 2]);
-        sum[i / 2] += s[n][i];
+        for (int i = 0; i < 4; ++i) {
+          const bool valid = row0 + rh * 32 + n * 8 + 2 * tq + (i & 1) < end;
+          s[n][i] = valid ? s[n][i] * scale2 : -INFINITY;
+          tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
+        }
       }
-      // P[head][row]: this thread's pairs of rows 32 rh + 8 n + 2 tq, + 1.
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        *reinterpret_cast<uint32_t*>(ps + hl[r] * kPLd + rh * 32 + n * 8 + 2 * tq) =
-            sm80::PackBf16(s[n][2 * r], s[n][2 * r + 1]);
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        if (tq == 0) max_s[rh * kMmaHeads + hl[r]] = tile_max[r];
       }
-    }
+      __syncthreads();  // both halves' maxima; every warp done with this token's Q
+      if (last && has_next) StartQuery(p, next_t, h0, qh);
+
+      float alpha[2], base[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      if (tq == 0) {
-        sum_s[rh * kMmaHeads + hl[r]] = sum[r];
-        if (rh == 0) alpha_s[hl[r]] = alpha[r];
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], max_s[(rh ^ 1) * kMmaHeads + hl[r]]);
+        alpha[r] = Rescale(tile_max[r], &m[r], &base[r]);
       }
-    }
-    __syncthreads();  // P, the sums and the rescale factors
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          s[n][i] = exp2f(s[n][i] - base[i / 2]);
+          sum[i / 2] += s[n][i];
+        }
+        // P[head][row]: this thread's pairs of rows 32 rh + 8 n + 2 tq, + 1.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          *reinterpret_cast<uint32_t*>(ps + hl[r] * kPLd + rh * 32 + n * 8 + 2 * tq) =
+              sm80::PackBf16(s[n][2 * r], s[n][2 * r + 1]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+        if (tq == 0) {
+          sum_s[rh * kMmaHeads + hl[r]] = sum[r];
+          if (rh == 0) alpha_s[hl[r]] = alpha[r];
+        }
+      }
+      __syncthreads();  // P, the sums and the rescale factors
 
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l[r] = l[r] * alpha[r] + sum_s[hl[r]] + sum_s[kMmaHeads + hl[r]];
+      for (int r = 0; r < 2; ++r) {
+        l[r] = l[r] * alpha[r] + sum_s[hl[r]] + sum_s[kMmaHeads + hl[r]];
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        const float a0 = alpha_s[mt * 16 + g], a1 = alpha_s[mt * 16 + g + 8];
+#pragma unroll
+        for (int nt = 0; nt < Shape::kOutTiles; ++nt) {
+          o[mt][nt][0] *= a0;
+          o[mt][nt][1] *= a0;
+          o[mt][nt][2] *= a1;
+          o[mt][nt][3] *= a1;
+        }
+      }
+      PrefillValues(ps, kb, warp, lane, o);
     }
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-      const float a0 = alpha_s[mt * 16 + g], a1 = alpha_s[mt * 16 + g + 8];
-#pragma unroll
-      for (int nt = 0; nt < Shape::kOutTiles; ++nt) {
-        o[mt][nt][0] *= a0;
-        o[mt][nt][1] *= a0;
-        o[mt][nt][2] *= a1;
-        o[mt][nt][3] *= a1;
+
+    if (rh == 0 && tq == 0) {
+      l_s[hl[0]] = l[0];
+      l_s[hl[1]] = l[1];
+    }
+    // The buffer of this token's last tile (with no tile, the one the next token's first tile
+    // does not use) stages its bf16 output.
+    __nv_bfloat16* stage = kbuf + (buf ^ 1) * kTile;
+    if (end == 0) {
+      // No tile: nothing of the next token is started yet, and this token's Q copies (into the
+      // region the next token's go to) and first-token loads may be in flight.
+      sm80::CopyAsyncWait<0>();
+      __syncthreads();
+      if (has_next) {
+        StartToken(p, next_t, &rows, kbuf + buf * kTile, sel_s, rope + (rt ^ 1) * kRopePairs,
+                   scratch);
+        StartQuery(p, next_t, h0, qh);
       }
     }
-    PrefillValues(ps, kb, warp, lane, o);
+    __syncthreads();  // the sums, the rope table; every warp done with the staging buffer
+    StorePrefillOut(p, t, h0, o, l_s, rope + rt * kRopePairs, stage);
+    if (!has_next) return;
+    t = next_t;
+    rt ^= 1;
   }
-
-  if (rh == 0 && tq == 0) {
-    l_s[hl[0]] = l[0];
-    l_s[hl[1]] = l[1];
-  }
-  __syncthreads();  // the sums; every score MMA done (qh free); Q's stores, the rope table
-  StorePrefillOut(p, t, h0, o, l_s, rope, qh);
 }
 
 }  // namespace sink

@@ -541,6 +541,7 @@ void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& w
         kernels::SinkAttentionParams pr = pb;
         rows16.Set(set, &pr);
         pr.kernel = SinkAttentionKernel::kAuto;
+        pr.prefill_blocks = set % 2 == 1 ? 2 : 0;  // every other token per block: the same bits
         EXPECT_EQ(kernels::SinkAttentionKernelFor(pr),
                   SinkAttentionKernel::kTensorCoreBf16Prefill);
         out16.Poison();
@@ -613,7 +614,8 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
         << KernelName(k);
     if (!runs) continue;
     const bool rows_kernel = k == SinkAttentionKernel::kTensorCoreBf16Rows;
-    // kTensorCoreBf16Prefill: one split only (3 is refused), every set of bf16 copies.
+    // kTensorCoreBf16Prefill: one split only (3 is refused), every set of bf16 copies; with one
+    // block per token and with 3 blocks taking every third token each.
     const bool prefill = k == SinkAttentionKernel::kTensorCoreBf16Prefill;
     const bool copies = rows_kernel || prefill;
     if (prefill) {
@@ -626,9 +628,11 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
     for (size_t si = 0; si < split_counts.size(); ++si) {
       for (int set = 0; set < (copies ? DeviceBf16Rows::kSets : 1); ++set) {
         SCOPED_TRACE(::testing::Message() << KernelName(k) << " num_splits " << split_counts[si]
+                                          << (prefill && si == 1 ? ", 3 blocks" : "")
                                           << (copies ? ", " : "")
                                           << (copies ? DeviceBf16Rows::SetName(set) : ""));
         p.num_splits = split_counts[si];
+        p.prefill_blocks = prefill && si == 1 ? 3 : 0;
         if (copies) {
           rows16.Set(set, &p);
           ASSERT_TRUE(kernels::SinkAttentionKernelRuns(p, k));
