@@ -55,9 +55,9 @@ struct PrefillShape {
   // Per head: the two row halves' maxima and sums, the rescale factor, the final sum.
   static constexpr size_t kStatBytes = size_t{6} * kMmaHeads * sizeof(float);
   static constexpr size_t kSelectedBytes = size_t{kPrefillMaxSelected} * sizeof(int32_t);
-  static constexpr size_t kRopeBytes = size_t{2} * (kMmaDim / 2) * sizeof(float2);  // two tokens'
+  static constexpr size_t kRopeBytes = size_t{kMmaDim / 2} * sizeof(float2);
   static constexpr size_t kSmemBytes = kQBytes + 2 * kKBytes + kPBytes + kStatBytes +
-                                       kSelectedBytes + kRopeBytes + 16;
+                                       kSelectedBytes + kRopeBytes + sizeof(TokenRows) + 16;
 };
 static_assert(PrefillShape::kSmemBytes <= 227 * 1024, "fits sm_90's opt-in shared memory");
 static_assert(kMmaThreads == 256 && kMmaHeads == 64, "8 warps: 4 head groups x 2 row halves");
@@ -325,35 +325,23 @@ __device__ __forceinline__ void StorePrefillOut(const SinkAttentionParams& p, in
   }
 }
 
-// Starts the next token's loads (every thread calls it; two barriers): its rows (into *rows,
-// the selection into sel_s), its first tile into kb and its rope table; its Q is issued by the
-// caller once no warp reads the current Q.
-__device__ __forceinline__ void StartToken(const SinkAttentionParams& p, int64_t t,
-                                           TokenRows* rows, __nv_bfloat16* kb, int32_t* sel_s,
-                                           float2* rope, int32_t* scratch) {
-  *rows = LoadPrefillRows(p, t, sel_s, scratch);
-  if (rows->count > 0) IssuePrefillTile(p, *rows, 0, rows->count, kb);
-  if (p.out_bf16 != nullptr) RopeTable(p, t, rope);
-}
-
-// Q of token t into qh: copies from q_bf16, or q's values rounded here.
-__device__ __forceinline__ void StartQuery(const SinkAttentionParams& p, int64_t t, int64_t h0,
-                                           __nv_bfloat16* qh) {
-  if (p.q_bf16 != nullptr) {
-    IssueQueryBf16(p, t, h0, qh);
-  } else {
-    LoadQuery<false>(p, t, h0, qh, qh);
-  }
+// Token t's rows into rows_s, for the block after its next barrier (every thread calls it; two
+// barriers with a selection, copied into sel_s). The rows stay in shared memory, not in every
+// thread's registers through the tile loop.
+__device__ __forceinline__ void StartRows(const SinkAttentionParams& p, int64_t t,
+                                          TokenRows* rows_s, int32_t* sel_s, int32_t* scratch) {
+  const TokenRows rows = LoadPrefillRows(p, t, sel_s, scratch);
+  if (threadIdx.x == 0) *rows_s = rows;
 }
 
 // Tokens blockIdx.x, blockIdx.x + gridDim.x, ... one after another: the next token's rows, first
-// tile, rope table and Q are loaded while the block computes the current token's last tile and
-// writes its output (staged in the key buffer of its last tile).
+// tile and Q (from q_bf16) are loaded while the block computes the current token's last tile and
+// writes its output (staged in the key buffer of its last tile); its rope table (a few threads'
+// sincos) and a Q from q (plain loads) after that output, where the accumulators are free.
 __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) {
   using Shape = PrefillShape;
   constexpr int kRows = Shape::kRows, kPLd = Shape::kPLd;
   constexpr int kTile = kRows * kMmaLd;
-  constexpr int kRopePairs = kMmaDim / 2;
   extern __shared__ __align__(16) unsigned char sink_smem[];
   __nv_bfloat16* qh = reinterpret_cast<__nv_bfloat16*>(sink_smem);
   __nv_bfloat16* kbuf = qh + kMmaHeads * kMmaLd;  // two tiles
@@ -363,8 +351,9 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
   float* alpha_s = sum_s + 2 * kMmaHeads;                          // [64 heads]
   float* l_s = alpha_s + kMmaHeads;                                // [64 heads]
   int32_t* sel_s = reinterpret_cast<int32_t*>(l_s + kMmaHeads);
-  float2* rope = reinterpret_cast<float2*>(sel_s + kPrefillMaxSelected);  // two tables
-  int32_t* scratch = reinterpret_cast<int32_t*>(rope + 2 * kRopePairs);
+  float2* rope = reinterpret_cast<float2*>(sel_s + kPrefillMaxSelected);
+  TokenRows* rows_s = reinterpret_cast<TokenRows*>(rope + kMmaDim / 2);
+  int32_t* scratch = reinterpret_cast<int32_t*>(rows_s + 1);
 
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kMmaHeads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4, g = lane / 4;
@@ -375,17 +364,22 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
 
   int64_t t = blockIdx.x;
   int buf = 0;  // the key buffer of the next tile to compute
-  int rt = 0;   // the current token's rope table
   // Q's copies first (they depend on nothing the rows' lookups return); the tile loop's first
   // wait takes them with the first tile's.
-  StartQuery(p, t, h0, qh);
-  TokenRows rows;
-  StartToken(p, t, &rows, kbuf, sel_s, rope, scratch);
+  if (p.q_bf16 != nullptr) IssueQueryBf16(p, t, h0, qh);
+  {
+    const TokenRows rows = LoadPrefillRows(p, t, sel_s, scratch);
+    if (threadIdx.x == 0) *rows_s = rows;
+    if (rows.count > 0) IssuePrefillTile(p, rows, 0, rows.count, kbuf);
+  }
+  if (p.q_bf16 == nullptr) LoadQuery<false>(p, t, h0, qh, qh);
+  if (p.out_bf16 != nullptr) RopeTable(p, t, rope);
+  __syncthreads();  // rows_s
 #pragma unroll 1
   for (;;) {
     const int64_t next_t = t + gridDim.x;
     const bool has_next = next_t < p.tokens;
-    const int32_t end = rows.count;
+    const int32_t end = rows_s->count;
     float m[2], l[2];
     StartState(p, h0 + hl[0], 0, &m[0], &l[0]);
     StartState(p, h0 + hl[1], 0, &m[1], &l[1]);
@@ -401,10 +395,9 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
       buf ^= 1;
       const bool last = row0 + kRows >= end;
       if (!last) {
-        IssuePrefillTile(p, rows, row0 + kRows, end, kbuf + buf * kTile);
-      } else if (has_next) {  // every tile of this token is issued: sel_s and rows are free
-        StartToken(p, next_t, &rows, kbuf + buf * kTile, sel_s, rope + (rt ^ 1) * kRopePairs,
-                   scratch);
+        IssuePrefillTile(p, *rows_s, row0 + kRows, end, kbuf + buf * kTile);
+      } else if (has_next) {  // every tile of this token is issued: sel_s and rows_s are free
+        StartRows(p, next_t, rows_s, sel_s, scratch);
       }
 
       float s[4][4];
@@ -425,8 +418,13 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
         if (tq == 0) max_s[rh * kMmaHeads + hl[r]] = tile_max[r];
       }
-      __syncthreads();  // both halves' maxima; every warp done with this token's Q
-      if (last && has_next) StartQuery(p, next_t, h0, qh);
+      __syncthreads();  // both halves' maxima, the next token's rows; every warp done with Q
+      if (last && has_next) {
+        if (rows_s->count > 0) {
+          IssuePrefillTile(p, *rows_s, 0, rows_s->count, kbuf + buf * kTile);
+        }
+        if (p.q_bf16 != nullptr) IssueQueryBf16(p, next_t, h0, qh);
+      }
 
       float alpha[2], base[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -490,16 +488,21 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
       sm80::CopyAsyncWait<0>();
       __syncthreads();
       if (has_next) {
-        StartToken(p, next_t, &rows, kbuf + buf * kTile, sel_s, rope + (rt ^ 1) * kRopePairs,
-                   scratch);
-        StartQuery(p, next_t, h0, qh);
+        StartRows(p, next_t, rows_s, sel_s, scratch);
+        __syncthreads();  // rows_s
+        if (rows_s->count > 0) {
+          IssuePrefillTile(p, *rows_s, 0, rows_s->count, kbuf + buf * kTile);
+        }
+        if (p.q_bf16 != nullptr) IssueQueryBf16(p, next_t, h0, qh);
       }
     }
     __syncthreads();  // the sums, the rope table; every warp done with the staging buffer
-    StorePrefillOut(p, t, h0, o, l_s, rope + rt * kRopePairs, stage);
+    StorePrefillOut(p, t, h0, o, l_s, rope, stage);  // its reads of rope precede a barrier
     if (!has_next) return;
     t = next_t;
-    rt ^= 1;
+    // Complete at the next tile's barrier (or the epilogue's, with no tile).
+    if (p.q_bf16 == nullptr) LoadQuery<false>(p, t, h0, qh, qh);
+    if (p.out_bf16 != nullptr) RopeTable(p, t, rope);
   }
 }
 
