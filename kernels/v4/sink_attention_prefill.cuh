@@ -2,9 +2,11 @@
 // bf16 operands of kTensorCoreBf16 (Q, K = V and P rounded to bf16, fp32 sums) in another
 // division of the work. Included only by sink_attention.cu.
 //
-// One block of 8 warps per (token, 64 heads). Q [64 x 512] sits in shared memory in bf16; the
-// token's rows go through in tiles of 64 key rows, double buffered (the tile after the current
-// one is copied while the block computes). Per tile:
+// Blocks of 8 warps per group of 64 heads (one per SM by default, SinkAttentionParams::
+// prefill_blocks), each taking tokens blockIdx.x, blockIdx.x + gridDim.x, ... in turn. A token's
+// Q [64 x 512] sits in shared memory in bf16; its rows go through in tiles of 64 key rows, double
+// buffered (the tile after the current one is copied while the block computes; during a token's
+// last tile, the next token's first tile and Q). Per tile:
 //   score   warp w computes S[16 heads x 32 rows] over all 512 dims (heads 16 (w % 4) .., rows
 //           32 (w / 4) .. of the tile; mma.sync m16n8k16, Q as A, the key rows as B), so no
 //           partial sums cross warps; each warp writes its heads' maximum over its 32 rows;
@@ -15,9 +17,11 @@
 //           a V fragment (ldmatrix.trans of the key rows) feeds four MMAs (the 4 head tiles) and
 //           a P fragment eight, where a warp owning 16 heads x 256 columns feeds two per V
 //           fragment and exchanges fp32 partial scores every 32 rows.
-// Three block barriers per 64 rows (tile complete, maxima, P). Shared memory: Q 65 KiB, two
+// Three block barriers per 64 rows (tile complete, maxima, P). Per 64 rows a warp issues 96
+// ldmatrix for 128 score MMAs and 32 for 128 value MMAs (kTensorCoreBf16: 96 and 64 for the
+// same, and 4 KiB of fp32 partial scores through shared memory). Shared memory: Q 65 KiB, two
 // key tiles 130 KiB, P 9 KiB, the token's selection (up to kPrefillMaxSelected entries) 8 KiB,
-// the rope table 2 KiB: 215 KiB, one block per SM; 128 accumulator registers a thread.
+// the rope table 2 KiB: 216 KiB, one block per SM; 128 accumulator registers a thread.
 //
 // Rows: a row with a bf16 copy of its buffer (kv_bf16, ring_bf16, entries_bf16) is copied with
 // cp.async straight into the tile; the entries' copy, when it holds each table row's stream
