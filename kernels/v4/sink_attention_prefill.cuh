@@ -134,68 +134,73 @@ __device__ __forceinline__ void StoreEightBf16(const float* lo, const float* hi,
 }
 
 // Starts copying the tile of rows row0 .. row0 + 63 (zeros at and past `end`) into kb
-// [kRows][kMmaLd] and commits the copies as one group. Thread i takes rows i / 16 + 16 k and
-// 16-byte pieces (8 values) i % 16 + 16 c of each. Rows without a bf16 copy are read and rounded
-// here (plain stores, complete at the caller's next block barrier).
+// [kRows][kMmaLd] and commits the copies as one group. Thread i takes row i / 4 (one row's
+// address worked out per thread) and its 16-byte pieces (8 values) i % 4 + 4 c; a warp's copy
+// instruction covers 64 contiguous bytes of each of 8 rows. A row without a bf16 copy is read and
+// rounded here (plain stores, complete at the caller's next block barrier).
 __device__ __forceinline__ void IssuePrefillTile(const SinkAttentionParams& p,
                                                  const TokenRows& rows, int32_t row0, int32_t end,
                                                  __nv_bfloat16* kb) {
-  constexpr int kPieceSteps16 = kMmaDim / 8 / 16;
-  const int r0 = threadIdx.x / 16, c0 = threadIdx.x % 16;
+  constexpr int kThreadsPerRow = kMmaThreads / PrefillShape::kRows;
+  constexpr int kPieces = kMmaDim / 8 / kThreadsPerRow;  // this thread's pieces of its row
+  static_assert(kThreadsPerRow == 4, "a row per 4 threads");
+  const int r = threadIdx.x / kThreadsPerRow, c0 = threadIdx.x % kThreadsPerRow;
+  const int32_t j = row0 + r;
+  __nv_bfloat16* dst = kb + r * kMmaLd;
+  if (j >= end) {
 #pragma unroll
-  for (int k = 0; k < PrefillShape::kRows / 16; ++k) {
-    const int r = r0 + 16 * k;
-    const int32_t j = row0 + r;
-    __nv_bfloat16* dst = kb + r * kMmaLd;
-    if (j >= end) {
-#pragma unroll
-      for (int c = 0; c < kPieceSteps16; ++c) {
-        sm80::CopyAsync16(sm80::SharedAddr(dst + 8 * (c0 + 16 * c)), p.kv, false);
-      }
-      continue;
+    for (int c = 0; c < kPieces; ++c) {
+      sm80::CopyAsync16(sm80::SharedAddr(dst + 8 * (c0 + kThreadsPerRow * c)), p.kv, false);
     }
-    // The row's bf16 start (null: none, or an entry spread over blocks of a tabled copy, read
-    // piece by piece when `piecewise`).
-    const uint16_t* row16 = nullptr;
-    bool piecewise = false;
-    int64_t e0 = 0;  // an entry's first element in its stream
-    if (j < rows.window_len) {
-      const float* base;
-      const uint16_t* base16;
-      WindowBuffers(p, rows, j, &base, &base16);
-      if (base16 != nullptr) row16 = base16 + (rows.RowStart(j) - base);
-    } else {
-      const int32_t i = j - rows.window_len;
-      e0 = int64_t{rows.selected != nullptr ? rows.selected[i] : i} * rows.dim;
-      const SinkEntriesBf16& c16 = p.entries_bf16;
-      if (c16.data != nullptr) {
-        if (c16.seq_stride > 0) {
-          row16 = c16.data + rows.seq * c16.seq_stride + e0;
-        } else if (rows.entries_whole) {
-          row16 = EntryBf16(p, rows, e0);
-        } else {
-          piecewise = true;
-        }
+    sm80::CopyAsyncCommit();
+    return;
+  }
+  // The row's bf16 start (null: none, or an entry spread over blocks of a tabled copy, read
+  // piece by piece when `piecewise`).
+  const uint16_t* row16 = nullptr;
+  bool piecewise = false;
+  int64_t e0 = 0;  // an entry's first element in its stream
+  if (j < rows.window_len) {
+    const float* base;
+    const uint16_t* base16;
+    WindowBuffers(p, rows, j, &base, &base16);
+    if (base16 != nullptr) row16 = base16 + (rows.RowStart(j) - base);
+  } else {
+    const int32_t i = j - rows.window_len;
+    e0 = int64_t{rows.selected != nullptr ? rows.selected[i] : i} * rows.dim;
+    const SinkEntriesBf16& c16 = p.entries_bf16;
+    if (c16.data != nullptr) {
+      if (c16.seq_stride > 0) {
+        row16 = c16.data + rows.seq * c16.seq_stride + e0;
+      } else if (rows.entries_whole) {
+        row16 = EntryBf16(p, rows, e0);
+      } else {
+        piecewise = true;
       }
     }
-    if (row16 != nullptr || piecewise) {
+  }
+  if (row16 != nullptr) {
 #pragma unroll
-      for (int c = 0; c < kPieceSteps16; ++c) {
-        const int piece = c0 + 16 * c;
-        const uint16_t* from =
-            row16 != nullptr ? row16 + 8 * piece : EntryBf16(p, rows, e0 + 8 * piece);
-        sm80::CopyAsync16(sm80::SharedAddr(dst + 8 * piece), from, true);
-      }
-    } else {
-      const float* src = rows.RowStart(j);  // null: an entry spread over blocks
-#pragma unroll
-      for (int c = 0; c < kPieceSteps16; ++c) {
-        const int d = 8 * (c0 + 16 * c);
-        if (src != nullptr) {
-          StoreEightBf16(src + d, src + d + 4, dst + d);
-        } else {
-          StoreEightBf16(rows.At(j, d), rows.At(j, d + 4), dst + d);
-        }
+    for (int c = 0; c < kPieces; ++c) {
+      const int piece = c0 + kThreadsPerRow * c;
+      sm80::CopyAsync16(sm80::SharedAddr(dst + 8 * piece), row16 + 8 * piece, true);
+    }
+  } else if (piecewise) {
+#pragma unroll 4
+    for (int c = 0; c < kPieces; ++c) {
+      const int piece = c0 + kThreadsPerRow * c;
+      sm80::CopyAsync16(sm80::SharedAddr(dst + 8 * piece), EntryBf16(p, rows, e0 + 8 * piece),
+                        true);
+    }
+  } else {
+    const float* src = rows.RowStart(j);  // null: an entry spread over blocks
+#pragma unroll 4
+    for (int c = 0; c < kPieces; ++c) {
+      const int d = 8 * (c0 + kThreadsPerRow * c);
+      if (src != nullptr) {
+        StoreEightBf16(src + d, src + d + 4, dst + d);
+      } else {
+        StoreEightBf16(rows.At(j, d), rows.At(j, d + 4), dst + d);
       }
     }
   }
