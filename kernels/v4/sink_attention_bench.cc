@@ -34,7 +34,8 @@
 // (their bytes counted as the fp32 variants'): the mean per call of 10 calls captured in one
 // CUDA graph and replayed 5 times (as the decode step runs it), the eager median of 20, and the
 // bytes each call must read and write (the rows, Q, the output; the prefill's shared rows once)
-// per second in the graph, against the H200's 4.8 TB/s. `splits`: also every forced split count
+// per second in the graph, against the H200's 4.8 TB/s, and the products' TFLOP/s (4 FLOP per
+// row, head and dim: scores and values). `splits`: also every forced split count
 // of 1, 2, 4, 8 and 16; `prefill`: the prefill rows alone.
 #include <cuda_runtime_api.h>
 
@@ -213,6 +214,11 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
   const double bytes = row_bytes + static_cast<double>(batch) *
                                        (2.0 * kHeads * kDim * sizeof(float) +
                                         (layer.selected ? layer.chosen * sizeof(int32_t) : 0));
+  // The products: scores and values, 2 FLOP per multiply-add, over every token's rows.
+  double flops = 0.0;
+  for (int64_t t = 0; t < batch; ++t) {
+    flops += 4.0 * static_cast<double>(window_len[t] + layer.chosen) * kHeads * kDim;
+  }
   char name[64];
   std::snprintf(name, sizeof(name), "%s%s b%lld rows%lld", layer.name, prefill ? "_prefill" : "",
                 static_cast<long long>(batch), static_cast<long long>(attended));
@@ -297,9 +303,9 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
       const double gbs = bytes / (graph_ms * 1e-3) / 1e9;
       std::printf(
           "%-26s %-36s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
-          "%.1f TB/s\n",
+          "%.1f TB/s  %6.1f TFLOP/s\n",
           name, kname, used, splits == 0 ? " (auto)" : "       ", graph_ms * 1e3, eager_ms * 1e3,
-          gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);
+          gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0, flops / (graph_ms * 1e-3) / 1e12);
     }
   }
   BENCH_CUDA(cudaDeviceSynchronize());
