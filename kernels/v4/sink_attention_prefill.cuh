@@ -382,7 +382,6 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
     if (rows.count > 0) IssuePrefillTile(p, rows, 0, rows.count, kbuf);
   }
   if (p.q_bf16 == nullptr) LoadQuery<false>(p, t, h0, qh, qh);
-  if (p.out_bf16 != nullptr) RopeTable(p, t, rope);
   __syncthreads();  // rows_s
 #pragma unroll 1
   for (;;) {
@@ -428,6 +427,9 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
         if (tq == 0) max_s[rh * kMmaHeads + hl[r]] = tile_max[r];
       }
       __syncthreads();  // both halves' maxima, the next token's rows; every warp done with Q
+      // The token's rope table (read by its epilogue only), a warp's sincos here rather than
+      // between two tokens.
+      if (row0 == 0 && p.out_bf16 != nullptr) RopeTable(p, t, rope);
       if (last && has_next) {
         if (rows_s->count > 0) {
           IssuePrefillTile(p, *rows_s, 0, rows_s->count, kbuf + buf * kTile);
@@ -494,6 +496,7 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
     if (end == 0) {
       // No tile: nothing of the next token is started yet, and this token's Q copies (into the
       // region the next token's go to) and first-token loads may be in flight.
+      if (p.out_bf16 != nullptr) RopeTable(p, t, rope);
       sm80::CopyAsyncWait<0>();
       __syncthreads();
       if (has_next) {
@@ -511,7 +514,6 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
     t = next_t;
     // Complete at the next tile's barrier (or the epilogue's, with no tile).
     if (p.q_bf16 == nullptr) LoadQuery<false>(p, t, h0, qh, qh);
-    if (p.out_bf16 != nullptr) RopeTable(p, t, rope);
   }
 }
 
