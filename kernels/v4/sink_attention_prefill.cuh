@@ -66,22 +66,42 @@ struct PrefillShape {
 static_assert(PrefillShape::kSmemBytes <= 227 * 1024, "fits sm_90's opt-in shared memory");
 static_assert(kMmaThreads == 256 && kMmaHeads == 64, "8 warps: 4 head groups x 2 row halves");
 
-// Token t's rows (LoadTokenRows) with its selection, up to its first negative entry, copied to
-// sel_s (the result's `selected` then points there). Every thread calls it (two barriers).
+// Token t's scalars LoadPrefillRows reads, loaded on their own so that their latency can pass
+// while the block computes (the token's selection is read later).
+struct RowScalars {
+  int32_t pos = 0, step_start = 0, window_len = 0, slot = 0, seq = 0, extra = 0;
+};
+__device__ __forceinline__ RowScalars LoadRowScalars(const SinkAttentionParams& p, int64_t t) {
+  RowScalars s;
+  s.pos = p.positions[t];
+  s.step_start = p.step_start[t];
+  s.window_len = p.window_len[t];
+  if (p.ring != nullptr) s.slot = p.ring_slot[t];
+  if (p.entries.data != nullptr) {
+    s.seq = p.entries.token_seq[t];
+    if (p.selected == nullptr && p.extra_len != nullptr) s.extra = p.extra_len[t];
+  }
+  return s;
+}
+
+// Token t's rows (LoadTokenRows) from its scalars, with its selection, up to its first negative
+// entry, copied to sel_s (the result's `selected` then points there). Every thread calls it (two
+// barriers with a selection).
 __device__ __forceinline__ TokenRows LoadPrefillRows(const SinkAttentionParams& p, int64_t t,
-                                                     int32_t* sel_s, int32_t* scratch) {
+                                                     const RowScalars& sc, int32_t* sel_s,
+                                                     int32_t* scratch) {
   TokenRows r;
-  r.pos = p.positions[t];
-  r.step_start = p.step_start[t];
+  r.pos = sc.pos;
+  r.step_start = sc.step_start;
   r.dim = p.dim;
   r.own = p.kv + t * p.dim;
-  r.ring = p.ring != nullptr ? p.ring + int64_t{p.ring_slot[t]} * p.ring_stride : nullptr;
+  r.ring = p.ring != nullptr ? p.ring + int64_t{sc.slot} * p.ring_stride : nullptr;
   r.ring_rows = p.ring_rows > 0 ? p.ring_rows : 1;
-  r.window_len = max(p.window_len[t], 0);
+  r.window_len = max(sc.window_len, 0);
   int32_t extra = 0;
   if (p.entries.data != nullptr) {
     r.entries = p.entries;
-    r.seq = p.entries.token_seq[t];
+    r.seq = sc.seq;
     r.entries_whole = p.entries.block_floats % p.dim == 0;
     if (p.selected != nullptr) {
       const int32_t* sel = p.selected + t * p.selected_stride;
@@ -96,8 +116,8 @@ __device__ __forceinline__ TokenRows LoadPrefillRows(const SinkAttentionParams& 
       __syncthreads();
       extra = *scratch;
       r.selected = sel_s;
-    } else if (p.extra_len != nullptr) {
-      extra = max(p.extra_len[t], 0);
+    } else {
+      extra = max(sc.extra, 0);
     }
   }
   r.count = r.window_len + extra;
@@ -338,8 +358,9 @@ __device__ __forceinline__ void StorePrefillOut(const SinkAttentionParams& p, in
 // barriers with a selection, copied into sel_s). The rows stay in shared memory, not in every
 // thread's registers through the tile loop.
 __device__ __forceinline__ void StartRows(const SinkAttentionParams& p, int64_t t,
-                                          TokenRows* rows_s, int32_t* sel_s, int32_t* scratch) {
-  const TokenRows rows = LoadPrefillRows(p, t, sel_s, scratch);
+                                          const RowScalars& sc, TokenRows* rows_s, int32_t* sel_s,
+                                          int32_t* scratch) {
+  const TokenRows rows = LoadPrefillRows(p, t, sc, sel_s, scratch);
   if (threadIdx.x == 0) *rows_s = rows;
 }
 
@@ -377,7 +398,7 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
   // wait takes them with the first tile's.
   if (p.q_bf16 != nullptr) IssueQueryBf16(p, t, h0, qh);
   {
-    const TokenRows rows = LoadPrefillRows(p, t, sel_s, scratch);
+    const TokenRows rows = LoadPrefillRows(p, t, LoadRowScalars(p, t), sel_s, scratch);
     if (threadIdx.x == 0) *rows_s = rows;
     if (rows.count > 0) IssuePrefillTile(p, rows, 0, rows.count, kbuf);
   }
@@ -402,14 +423,17 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
       __syncthreads();
       buf ^= 1;
       const bool last = row0 + kRows >= end;
+      RowScalars next_sc;  // loaded here, used after the scores
       if (!last) {
         IssuePrefillTile(p, *rows_s, row0 + kRows, end, kbuf + buf * kTile);
-      } else if (has_next) {  // every tile of this token is issued: sel_s and rows_s are free
-        StartRows(p, next_t, rows_s, sel_s, scratch);
+      } else if (has_next) {
+        next_sc = LoadRowScalars(p, next_t);
       }
 
       float s[4][4];
       PrefillScores(qh, kb, hg, rh, lane, s);
+      // Every tile of this token is issued: sel_s and rows_s are free.
+      if (last && has_next) StartRows(p, next_t, next_sc, rows_s, sel_s, scratch);
       float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
@@ -500,7 +524,7 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
       sm80::CopyAsyncWait<0>();
       __syncthreads();
       if (has_next) {
-        StartRows(p, next_t, rows_s, sel_s, scratch);
+        StartRows(p, next_t, LoadRowScalars(p, next_t), rows_s, sel_s, scratch);
         __syncthreads();  // rows_s
         if (rows_s->count > 0) {
           IssuePrefillTile(p, *rows_s, 0, rows_s->count, kbuf + buf * kTile);
