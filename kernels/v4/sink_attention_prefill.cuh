@@ -364,10 +364,11 @@ __device__ __forceinline__ void StartRows(const SinkAttentionParams& p, int64_t 
   if (threadIdx.x == 0) *rows_s = rows;
 }
 
-// Tokens blockIdx.x, blockIdx.x + gridDim.x, ... one after another: the next token's rows, first
-// tile and Q (from q_bf16) are loaded while the block computes the current token's last tile and
-// writes its output (staged in the key buffer of its last tile); its rope table (a few threads'
-// sincos) and a Q from q (plain loads) after that output, where the accumulators are free.
+// Tokens blockIdx.x, blockIdx.x + gridDim.x, ... one after another: the next token's scalars
+// (loaded before the last tile's scores), rows (after them), first tile and Q (from q_bf16) are
+// loaded while the block computes the current token's last tile and writes its output (staged in
+// the key buffer of its last tile); a Q from q (plain loads) after that output. A token's rope
+// table is computed during its first tile (its epilogue reads it).
 __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) {
   using Shape = PrefillShape;
   constexpr int kRows = Shape::kRows, kPLd = Shape::kPLd;
@@ -418,8 +419,8 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
     for (int32_t row0 = 0; row0 < end; row0 += kRows) {
       const __nv_bfloat16* kb = kbuf + buf * kTile;
       sm80::CopyAsyncWait<0>();
-      // The tile is complete (and Q, the rope table); every warp is done with the other buffer,
-      // P and the previous tile's maxima and sums.
+      // The tile is complete (and Q); every warp is done with the other buffer, P and the
+      // previous tile's maxima and sums.
       __syncthreads();
       buf ^= 1;
       const bool last = row0 + kRows >= end;
