@@ -31,6 +31,9 @@
 //   tensor_core_bf16_prefill_io_kv  with a bf16 copy of this step's keys;
 //   tensor_core_bf16_prefill_io_kv_entries  with it and the compact copy of the entries read
 //                                 without its tables (seq_stride: the backend's prefill call);
+//   tensor_core_bf16_prefill_io_per_token  the _kv_entries call with a block per token
+//                                 (prefill_blocks = tokens) instead of one per SM taking tokens
+//                                 in turn;
 // (their bytes counted as the fp32 variants'): the mean per call of 10 calls captured in one
 // CUDA graph and replayed 5 times (as the decode step runs it), the eager median of 20, and the
 // bytes each call must read and write (the rows, Q, the output; the prefill's shared rows once)
@@ -243,7 +246,7 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
   // 4-byte aligned output), then kTensorCoreBf16Rows with it (no bf16 copies, kv's, all, kv's
   // and the compact entries), then kTensorCoreBf16Prefill (no copies, kv's, kv's and the
   // compact entries with their seq_stride).
-  for (int variant = 0; variant < 12; ++variant) {
+  for (int variant = 0; variant < 13; ++variant) {
     const bool bf16_io = variant >= 3, aligned4 = variant == 4, rows = variant >= 5;
     const bool prefill_kernel = variant >= 9;
     const SinkAttentionKernel k =
@@ -260,19 +263,24 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
                         : variant == 9  ? "tensor_core_bf16_prefill_io"
                         : variant == 10 ? "tensor_core_bf16_prefill_io_kv"
                         : variant == 11 ? "tensor_core_bf16_prefill_io_kv_entries"
+                        : variant == 12 ? "tensor_core_bf16_prefill_io_per_token"
                         : aligned4      ? "tensor_core_bf16_io_a4"
                         : bf16_io       ? "tensor_core_bf16_io"
                                         : KernelName(k);
     kernels::SinkAttentionParams kp = p;
     kp.kernel = k;
     if (variant >= 6 && variant != 9) kp.kv_bf16 = kv_bf16;
-    if (variant == 8 || variant == 11) {
-      if (compact == nullptr) continue;  // no entries
-      kp.entries_bf16 = {compact, compact_tables, p.entries.table_stride};
-      if (variant == 11) {
-        kp.entries_bf16.seq_stride = p.entries.table_stride * p.entries.block_floats;
+    if (variant == 8 || variant >= 11) {
+      if (compact != nullptr) {
+        kp.entries_bf16 = {compact, compact_tables, p.entries.table_stride};
+        if (variant >= 11) {
+          kp.entries_bf16.seq_stride = p.entries.table_stride * p.entries.block_floats;
+        }
+      } else if (variant != 12) {
+        continue;  // no entries: the same call as without them
       }
     }
+    if (variant == 12) kp.prefill_blocks = static_cast<int32_t>(batch);
     if (variant == 7) {
       kp.ring_bf16 = ring_bf16;
       kp.entries_bf16.data = entries_bf16;
