@@ -497,15 +497,26 @@ __device__ void PrefillBody(SinkAttentionParams p, int32_t /*num_splits: one*/) 
       for (int r = 0; r < 2; ++r) {
         l[r] = l[r] * alpha[r] + sum_s[hl[r]] + sum_s[kMmaHeads + hl[r]];
       }
+      // Rescale O unless no head's maximum moved (a factor of 1 changes no bit): a warp-wide
+      // test, after the first tiles mostly true.
+      float a[4][2];
+      bool moved = false;
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt) {
-        const float a0 = alpha_s[mt * 16 + g], a1 = alpha_s[mt * 16 + g + 8];
+        a[mt][0] = alpha_s[mt * 16 + g];
+        a[mt][1] = alpha_s[mt * 16 + g + 8];
+        moved = moved || a[mt][0] != 1.0f || a[mt][1] != 1.0f;
+      }
+      if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-        for (int nt = 0; nt < Shape::kOutTiles; ++nt) {
-          o[mt][nt][0] *= a0;
-          o[mt][nt][1] *= a0;
-          o[mt][nt][2] *= a1;
-          o[mt][nt][3] *= a1;
+        for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < Shape::kOutTiles; ++nt) {
+            o[mt][nt][0] *= a[mt][0];
+            o[mt][nt][1] *= a[mt][0];
+            o[mt][nt][2] *= a[mt][1];
+            o[mt][nt][3] *= a[mt][1];
+          }
         }
       }
       PrefillValues(ps, kb, warp, lane, o);
