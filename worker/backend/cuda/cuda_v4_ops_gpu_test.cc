@@ -350,9 +350,10 @@ TEST_F(CudaV4OpsTest, IndexerAndSinkAttentionMatchCpu) {
 // The prefill path of a bf16 model (V4Ops::TakesBf16Attention: from kBf16AttentionMinTokens
 // queries): NormRope's bf16 query is its fp32 query rounded, bit for bit, and the CPU's within
 // the rounding (from bf16 rows, in place: bit for bit its query from the widened rows);
-// SinkAttention over the bf16 query with its rotated bf16 output (the keys and
-// entries read from the backend's bf16 copies: kTensorCoreBf16Rows) gives bit for bit what the
-// fp32 path gives (the fp32 query, the fp32 output, Backend::ApplyRope at the negated positions,
+// SinkAttention over the bf16 query with its rotated bf16 output (the keys and entries read
+// from the backend's bf16 copies; kTensorCoreBf16Prefill, as the fp32 path at this size) gives
+// bit for bit what the fp32 path gives (the fp32 query, the fp32 output, Backend::ApplyRope at
+// the negated positions,
 // the rounding of a bf16 Gemm operand), and the CPU's (over the same bf16 query and keys rounded
 // to bf16) within the bf16 kernel's tolerance. 512 tokens of one prefill from position 0 (every
 // window among the step's keys), V4-Flash's query (64 heads x 512, rope 64), and HCA-like
