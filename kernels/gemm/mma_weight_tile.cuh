@@ -522,16 +522,56 @@ __device__ __forceinline__ void ReduceAndStore(float (*red)[kTile * MT][8 * NT],
   }
 }
 
+// One pass of a grouped kernel: c rows [row0, min(row0 + 8 NT, row_end)) of the block's fb_count
+// feature tiles from tile0 (warp's tile from f0, k-slice ks of ks_count), through red_smem (at
+// least kWarps * 16 MT * 8 NT floats). Every thread of the block calls it (it has barriers).
+template <int NT, int MT, bool kSharedB, typename Format, typename Params>
+__device__ __forceinline__ void GroupedPass(const Params& p, const typename Format::Matrix& m,
+                                            int64_t f0, int64_t tile0, int fb_count, int ks,
+                                            int ks_count, int64_t row0, int64_t row_end,
+                                            uint4* frag, float* red_smem) {
+  auto red = reinterpret_cast<float(*)[kTile * MT][8 * NT]>(red_smem);
+  float acc[MT][NT][4];
+  if constexpr (kSharedB) {
+    WarpTileSharedB<NT, MT, true, Format>(m, p.n, f0, p.a, p.k, row0, row_end, p.k, ks, ks_count,
+                                          frag, acc);
+  } else {
+    int64_t kb0, kb1;
+    KSlice(p.k, ks, ks_count, &kb0, &kb1);
+    WarpTile<NT, MT, true, Format>(m, p.n, f0, p.a, p.k, row0, row_end, p.k, kb0, kb1, acc);
+  }
+  StoreFragments<NT, MT>(acc, red[threadIdx.x >> 5]);
+  __syncthreads();
+  ReduceAndStore<NT, MT>(red, fb_count, ks_count, tile0, row0, row_end, p.n, p.c, p.n, false);
+  __syncthreads();
+}
+
+// GroupedPass as a call of its own, so that the kernel that picks among several row tiles
+// (MmaGroupedKernel's kByRows) allocates each one's registers apart.
+template <int NT, int MT, bool kSharedB, typename Format, typename Params>
+__device__ __noinline__ void GroupedPassCall(const Params& p, const typename Format::Matrix& m,
+                                             int64_t f0, int64_t tile0, int fb_count, int ks,
+                                             int ks_count, int64_t row0, int64_t row_end,
+                                             uint4* frag, float* red_smem) {
+  GroupedPass<NT, MT, kSharedB, Format>(p, m, f0, tile0, fb_count, ks, ks_count, row0, row_end,
+                                        frag, red_smem);
+}
+
 // The grouped GEMM over the rows of each non-empty group (bf16 activations [max_rows, k], c fp32
 // [max_rows, n]): grid x = feature-tile blocks, y = the non-empty groups. Params has num_groups,
 // max_rows, offsets, n, k, a, c; Format::GroupMatrix(p, group) gives the group's weights. MT:
 // 16-row weight tiles a warp; kSharedB: the activation fragments through shared memory
 // (WarpTileSharedB, kSharedBBytes of dynamic shared memory); kMinBlocks: blocks an SM must fit
-// (2: at most 128 registers a thread, spilling where the tile needs more).
-template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params>
+// (2: at most 128 registers a thread, spilling where the tile needs more). kByRows: NT is the
+// most row tiles of a pass; a group with at most 8 NT rows takes one pass of the fewest 8-row
+// tiles that hold them (the same sums: a row's sum depends on neither the pass nor its tiles),
+// the others passes of NT. The choice is made once per block, so that each body's registers are
+// its own.
+template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params,
+          bool kByRows = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params p, int ks_count) {
   extern __shared__ uint4 frag[];
-  __shared__ float red[kWarps][kTile * MT][8 * NT];
+  __shared__ float red[kWarps * kTile * MT * 8 * NT];
   __shared__ int work[3];
   FindNonEmptyGroup(p.num_groups, p.max_rows, p.offsets, work);
   const int group = work[0];
@@ -542,21 +582,31 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params 
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
   const int64_t f0 = (tile0 + fb) * kTile * MT;
   const typename Format::Matrix m = Format::GroupMatrix(p, group);
-  constexpr int kRows = 8 * NT;
-  for (int64_t row0 = row_begin; row0 < row_end; row0 += kRows) {
-    float acc[MT][NT][4];
-    if constexpr (kSharedB) {
-      WarpTileSharedB<NT, MT, true, Format>(m, p.n, f0, p.a, p.k, row0, row_end, p.k, ks, ks_count,
-                                            frag, acc);
-    } else {
-      int64_t kb0, kb1;
-      KSlice(p.k, ks, ks_count, &kb0, &kb1);
-      WarpTile<NT, MT, true, Format>(m, p.n, f0, p.a, p.k, row0, row_end, p.k, kb0, kb1, acc);
+  const int64_t rows = row_end - row_begin;
+  if constexpr (kByRows && NT >= 2) {
+    if (rows <= 8) {
+      GroupedPassCall<1, MT, kSharedB, Format>(p, m, f0, tile0, fb_count, ks, ks_count,
+                                               row_begin, row_end, frag, red);
+      return;
     }
-    StoreFragments<NT, MT>(acc, red[warp]);
-    __syncthreads();
-    ReduceAndStore<NT, MT>(red, fb_count, ks_count, tile0, row0, row_end, p.n, p.c, p.n, false);
-    __syncthreads();
+  }
+  if constexpr (kByRows && NT >= 3) {
+    if (rows <= 16) {
+      GroupedPassCall<2, MT, kSharedB, Format>(p, m, f0, tile0, fb_count, ks, ks_count,
+                                               row_begin, row_end, frag, red);
+      return;
+    }
+  }
+  if constexpr (kByRows && NT >= 4) {
+    if (rows <= 24) {
+      GroupedPassCall<3, MT, kSharedB, Format>(p, m, f0, tile0, fb_count, ks, ks_count,
+                                               row_begin, row_end, frag, red);
+      return;
+    }
+  }
+  for (int64_t row0 = row_begin; row0 < row_end; row0 += 8 * NT) {
+    GroupedPass<NT, MT, kSharedB, Format>(p, m, f0, tile0, fb_count, ks, ks_count, row0, row_end,
+                                          frag, red);
   }
 }
 
@@ -643,9 +693,10 @@ inline cudaError_t AllowDynamicSmem(const void* kernel, size_t bytes,
   return cudaSuccess;
 }
 
-template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params>
+template <int NT, int MT, bool kSharedB, int kMinBlocks, bool kByRows, typename Format,
+          typename Params>
 cudaError_t LaunchGroupedTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
-  const auto kernel = MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format, Params>;
+  const auto kernel = MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format, Params, kByRows>;
   if constexpr (kSharedB) {
     static std::atomic<uint64_t> allowed_on{0};
     const cudaError_t allowed =
@@ -657,14 +708,15 @@ cudaError_t LaunchGroupedTiles(const Params& p, int ks, dim3 grid, cudaStream_t 
 }
 
 // NT chosen; the shared fragments where they fit, else per-warp loads (the same sums).
-template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params>
+template <int NT, int MT, bool kSharedB, int kMinBlocks, bool kByRows, typename Format,
+          typename Params>
 cudaError_t LaunchGroupedRows(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
   if constexpr (kSharedB) {
     if (SharedBFits(NT, ks)) {
-      return LaunchGroupedTiles<NT, MT, true, kMinBlocks, Format>(p, ks, grid, stream);
+      return LaunchGroupedTiles<NT, MT, true, kMinBlocks, kByRows, Format>(p, ks, grid, stream);
     }
   }
-  return LaunchGroupedTiles<NT, MT, false, kMinBlocks, Format>(p, ks, grid, stream);
+  return LaunchGroupedTiles<NT, MT, false, kMinBlocks, kByRows, Format>(p, ks, grid, stream);
 }
 
 template <int NT, typename Format, typename Params>
@@ -705,29 +757,35 @@ cudaError_t LaunchGroupedAllRows(const Params& p, int k_split, cudaStream_t stre
 
 // Launches MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format> for p (its num_groups,
 // max_rows, n, k and rows_per_group_hint); p.max_rows >= 1. k_split: warps splitting k (1, 2, 4
-// or 8, at most half the k blocks), 0: KSplit's choice.
-template <typename Format, int MT = 1, bool kSharedB = false, int kMinBlocks = 1, typename Params>
+// or 8, at most half the k blocks), 0: KSplit's choice. kByRows: the hint's row tiles are the most
+// a pass takes, each pass the fewest that hold the group's rows left (MmaGroupedKernel).
+template <typename Format, int MT = 1, bool kSharedB = false, int kMinBlocks = 1,
+          bool kByRows = false, typename Params>
 cudaError_t LaunchGrouped(const Params& p, int k_split, cudaStream_t stream) {
   int ks = 1;
   const dim3 grid = GroupedGrid(p, k_split, kTile * MT, &ks);
   const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
   switch (RowTiles(hint)) {
     case 1:
-      return LaunchGroupedRows<1, MT, kSharedB, kMinBlocks, Format>(p, ks, grid, stream);
+      return LaunchGroupedRows<1, MT, kSharedB, kMinBlocks, kByRows, Format>(p, ks, grid,
+                                                                                stream);
     case 2:
-      return LaunchGroupedRows<2, MT, kSharedB, kMinBlocks, Format>(p, ks, grid, stream);
+      return LaunchGroupedRows<2, MT, kSharedB, kMinBlocks, kByRows, Format>(p, ks, grid,
+                                                                                stream);
     default:
-      return LaunchGroupedRows<4, MT, kSharedB, kMinBlocks, Format>(p, ks, grid, stream);
+      return LaunchGroupedRows<4, MT, kSharedB, kMinBlocks, kByRows, Format>(p, ks, grid,
+                                                                                stream);
   }
 }
 
 // The grouped register loop (LaunchGrouped) with the tile options of p.tile (wide,
 // shared_activations, two_blocks_per_sm; all_rows is the caller's to route): the kernel instance
 // each combination names.
-template <typename Format, int MT, bool kSharedB, typename Params>
+template <typename Format, int MT, bool kSharedB, bool kByRows = false, typename Params>
 cudaError_t LaunchGroupedBlocks(const Params& p, int k_split, cudaStream_t stream) {
-  return p.tile.two_blocks_per_sm ? LaunchGrouped<Format, MT, kSharedB, 2>(p, k_split, stream)
-                                  : LaunchGrouped<Format, MT, kSharedB, 1>(p, k_split, stream);
+  return p.tile.two_blocks_per_sm
+             ? LaunchGrouped<Format, MT, kSharedB, 2, kByRows>(p, k_split, stream)
+             : LaunchGrouped<Format, MT, kSharedB, 1, kByRows>(p, k_split, stream);
 }
 
 template <typename Format, typename Params>
@@ -738,6 +796,15 @@ cudaError_t LaunchGroupedTile(const Params& p, int k_split, cudaStream_t stream)
   }
   return p.tile.shared_activations ? LaunchGroupedBlocks<Format, 1, true>(p, k_split, stream)
                                    : LaunchGroupedBlocks<Format, 1, false>(p, k_split, stream);
+}
+
+// LaunchGroupedTile's narrow tile (16 weight rows a warp; p.tile.wide is not read) with the row
+// tiles of each pass chosen from the rows its group has left (LaunchGrouped's kByRows).
+template <typename Format, typename Params>
+cudaError_t LaunchGroupedTileByRows(const Params& p, int k_split, cudaStream_t stream) {
+  return p.tile.shared_activations
+             ? LaunchGroupedBlocks<Format, 1, true, true>(p, k_split, stream)
+             : LaunchGroupedBlocks<Format, 1, false, true>(p, k_split, stream);
 }
 
 // Whether this process has sm_80+ code for Format's grouped kernel on the current device (the
