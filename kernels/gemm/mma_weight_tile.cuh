@@ -284,6 +284,9 @@ __device__ __forceinline__ void WarpTile(const typename Format::Matrix& m, int64
 // h: the B fragments of sub-steps 2h, 2h + 1 of chunk c for lane's rows of tile j.
 constexpr int kSharedBUnits = 16;
 constexpr size_t kSharedBBytes = size_t{2048} * kSharedBUnits;
+// The units of MmaGroupedKernel's kByRows (64 KiB: a pass of up to 16 rows stages 16 k blocks,
+// Moonlight's whole hidden size, between one pair of barriers).
+constexpr int kSharedBUnitsByRows = 2 * kSharedBUnits;
 
 // Whether the shared fragments fit a launch (else the kernels read activations per warp).
 inline bool SharedBFits(int nt, int ks) { return nt * ks <= kSharedBUnits; }
@@ -363,10 +366,10 @@ struct SharedB {
   }
 };
 
-// WarpTile with the activation fragments staged in shared memory (frag: kSharedBBytes), for warp
-// slice ks of ks_count: the same sums. Every thread of the block calls it (it has barriers), the
+// WarpTile with the activation fragments staged in shared memory (frag: kUnits 2 KiB units), for
+// warp slice ks of ks_count: the same sums. Every thread of the block calls it (it has barriers), the
 // warps past n or with an empty slice too.
-template <int NT, int MT, bool kBf16A, typename Format>
+template <int NT, int MT, bool kBf16A, typename Format, int kUnits = kSharedBUnits>
 __device__ __forceinline__ void WarpTileSharedB(const typename Format::Matrix& m, int64_t n,
                                                 int64_t f0, const void* a, int64_t lda,
                                                 int64_t row0, int64_t row_end, int64_t k, int ks,
@@ -376,7 +379,7 @@ __device__ __forceinline__ void WarpTileSharedB(const typename Format::Matrix& m
   const int64_t per = (blocks + ks_count - 1) / ks_count;
   const int64_t kb0 = min(blocks, ks * per), kb1 = min(blocks, kb0 + per);
   const bool active = f0 < n && kb0 < kb1;
-  const int steps = kSharedBUnits / (ks_count * NT);
+  const int steps = kUnits / (ks_count * NT);
   Format w[MT];
   TileFormats<MT>(m, n, f0, w);
   typename Format::Raw cur[MT], next[MT];
@@ -525,7 +528,7 @@ __device__ __forceinline__ void ReduceAndStore(float (*red)[kTile * MT][8 * NT],
 // One pass of a grouped kernel: c rows [row0, min(row0 + 8 NT, row_end)) of the block's fb_count
 // feature tiles from tile0 (warp's tile from f0, k-slice ks of ks_count), through red_smem (at
 // least kWarps * 16 MT * 8 NT floats). Every thread of the block calls it (it has barriers).
-template <int NT, int MT, bool kSharedB, typename Format, typename Params>
+template <int NT, int MT, bool kSharedB, typename Format, int kUnits, typename Params>
 __device__ __forceinline__ void GroupedPass(const Params& p, const typename Format::Matrix& m,
                                             int64_t f0, int64_t tile0, int fb_count, int ks,
                                             int ks_count, int64_t row0, int64_t row_end,
@@ -533,8 +536,8 @@ __device__ __forceinline__ void GroupedPass(const Params& p, const typename Form
   auto red = reinterpret_cast<float(*)[kTile * MT][8 * NT]>(red_smem);
   float acc[MT][NT][4];
   if constexpr (kSharedB) {
-    WarpTileSharedB<NT, MT, true, Format>(m, p.n, f0, p.a, p.k, row0, row_end, p.k, ks, ks_count,
-                                          frag, acc);
+    WarpTileSharedB<NT, MT, true, Format, kUnits>(m, p.n, f0, p.a, p.k, row0, row_end, p.k, ks,
+                                                  ks_count, frag, acc);
   } else {
     int64_t kb0, kb1;
     KSlice(p.k, ks, ks_count, &kb0, &kb1);
@@ -548,25 +551,27 @@ __device__ __forceinline__ void GroupedPass(const Params& p, const typename Form
 
 // GroupedPass as a call of its own, so that the kernel that picks among several row tiles
 // (MmaGroupedKernel's kByRows) allocates each one's registers apart.
-template <int NT, int MT, bool kSharedB, typename Format, typename Params>
+template <int NT, int MT, bool kSharedB, typename Format, int kUnits, typename Params>
 __device__ __noinline__ void GroupedPassCall(const Params& p, const typename Format::Matrix& m,
                                              int64_t f0, int64_t tile0, int fb_count, int ks,
                                              int ks_count, int64_t row0, int64_t row_end,
                                              uint4* frag, float* red_smem) {
-  GroupedPass<NT, MT, kSharedB, Format>(p, m, f0, tile0, fb_count, ks, ks_count, row0, row_end,
-                                        frag, red_smem);
+  GroupedPass<NT, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks, ks_count, row0,
+                                                row_end, frag, red_smem);
 }
 
 // The grouped GEMM over the rows of each non-empty group (bf16 activations [max_rows, k], c fp32
 // [max_rows, n]): grid x = feature-tile blocks, y = the non-empty groups. Params has num_groups,
 // max_rows, offsets, n, k, a, c; Format::GroupMatrix(p, group) gives the group's weights. MT:
 // 16-row weight tiles a warp; kSharedB: the activation fragments through shared memory
-// (WarpTileSharedB, kSharedBBytes of dynamic shared memory); kMinBlocks: blocks an SM must fit
+// (WarpTileSharedB, kSharedBBytes of dynamic shared memory, kByRows: twice that); kMinBlocks:
+// blocks an SM must fit
 // (2: at most 128 registers a thread, spilling where the tile needs more). kByRows: NT is the
 // most row tiles of a pass; a group with at most 8 NT rows takes one pass of the fewest 8-row
 // tiles that hold them (the same sums: a row's sum depends on neither the pass nor its tiles),
-// the others passes of NT. The choice is made once per block, so that each body's registers are
-// its own.
+// the others passes of NT, each staging twice the k blocks of activation fragments a phase
+// (kSharedBUnitsByRows). The choice is made once per block, and the smaller passes are calls of
+// their own, so that each body's registers are its own.
 template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params,
           bool kByRows = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params p, int ks_count) {
@@ -582,31 +587,32 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params 
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
   const int64_t f0 = (tile0 + fb) * kTile * MT;
   const typename Format::Matrix m = Format::GroupMatrix(p, group);
+  constexpr int kUnits = kByRows ? kSharedBUnitsByRows : kSharedBUnits;
   const int64_t rows = row_end - row_begin;
   if constexpr (kByRows && NT >= 2) {
     if (rows <= 8) {
-      GroupedPassCall<1, MT, kSharedB, Format>(p, m, f0, tile0, fb_count, ks, ks_count,
-                                               row_begin, row_end, frag, red);
+      GroupedPassCall<1, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks,
+                                                       ks_count, row_begin, row_end, frag, red);
       return;
     }
   }
   if constexpr (kByRows && NT >= 3) {
     if (rows <= 16) {
-      GroupedPassCall<2, MT, kSharedB, Format>(p, m, f0, tile0, fb_count, ks, ks_count,
-                                               row_begin, row_end, frag, red);
+      GroupedPassCall<2, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks,
+                                                       ks_count, row_begin, row_end, frag, red);
       return;
     }
   }
   if constexpr (kByRows && NT >= 4) {
     if (rows <= 24) {
-      GroupedPassCall<3, MT, kSharedB, Format>(p, m, f0, tile0, fb_count, ks, ks_count,
-                                               row_begin, row_end, frag, red);
+      GroupedPassCall<3, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks,
+                                                       ks_count, row_begin, row_end, frag, red);
       return;
     }
   }
   for (int64_t row0 = row_begin; row0 < row_end; row0 += 8 * NT) {
-    GroupedPass<NT, MT, kSharedB, Format>(p, m, f0, tile0, fb_count, ks, ks_count, row0, row_end,
-                                          frag, red);
+    GroupedPass<NT, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks, ks_count, row0,
+                                                  row_end, frag, red);
   }
 }
 
@@ -697,13 +703,14 @@ template <int NT, int MT, bool kSharedB, int kMinBlocks, bool kByRows, typename 
           typename Params>
 cudaError_t LaunchGroupedTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
   const auto kernel = MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format, Params, kByRows>;
+  constexpr size_t kBytes = size_t{2048} * (kByRows ? kSharedBUnitsByRows : kSharedBUnits);
   if constexpr (kSharedB) {
     static std::atomic<uint64_t> allowed_on{0};
     const cudaError_t allowed =
-        AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kSharedBBytes, &allowed_on);
+        AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes, &allowed_on);
     if (allowed != cudaSuccess) return allowed;
   }
-  kernel<<<grid, kThreads, kSharedB ? kSharedBBytes : 0, stream>>>(p, ks);
+  kernel<<<grid, kThreads, kSharedB ? kBytes : 0, stream>>>(p, ks);
   return cudaGetLastError();
 }
 
