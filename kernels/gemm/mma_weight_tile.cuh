@@ -549,15 +549,26 @@ __device__ __forceinline__ void GroupedPass(const Params& p, const typename Form
   __syncthreads();
 }
 
-// GroupedPass as a call of its own, so that the kernel that picks among several row tiles
-// (MmaGroupedKernel's kByRows) allocates each one's registers apart.
+// MmaGroupedKernel's kByRows dynamic shared memory: the activation fragments (kSharedB: kUnits
+// 2 KiB units), then the partial sums of a pass of up to NT row tiles.
+template <int NT, int MT, bool kSharedB, int kUnits>
+constexpr int64_t kByRowsFragUint4 = kSharedB ? kUnits * 128 : 0;
+template <int NT, int MT, bool kSharedB, int kUnits>
+constexpr size_t kByRowsBytes = 16 * kByRowsFragUint4<NT, MT, kSharedB, kUnits> +
+                                sizeof(float) * kWarps * kTile * MT * 8 * NT;
+
+// GroupedPass as a call of its own on the kByRows layout of the dynamic shared memory, so that
+// the kernel that picks among several row tiles (MmaGroupedKernel's kByRows) allocates each
+// one's registers apart (the shared memory named here, not through pointers, keeps its loads
+// shared-memory loads).
 template <int NT, int MT, bool kSharedB, typename Format, int kUnits, typename Params>
 __device__ __noinline__ void GroupedPassCall(const Params& p, const typename Format::Matrix& m,
                                              int64_t f0, int64_t tile0, int fb_count, int ks,
-                                             int ks_count, int64_t row0, int64_t row_end,
-                                             uint4* frag, float* red_smem) {
-  GroupedPass<NT, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks, ks_count, row0,
-                                                row_end, frag, red_smem);
+                                             int ks_count, int64_t row0, int64_t row_end) {
+  extern __shared__ uint4 by_rows_smem[];
+  GroupedPass<NT, MT, kSharedB, Format, kUnits>(
+      p, m, f0, tile0, fb_count, ks, ks_count, row0, row_end, by_rows_smem,
+      reinterpret_cast<float*>(by_rows_smem + kByRowsFragUint4<NT, MT, kSharedB, kUnits>));
 }
 
 // The grouped GEMM over the rows of each non-empty group (bf16 activations [max_rows, k], c fp32
@@ -575,8 +586,13 @@ __device__ __noinline__ void GroupedPassCall(const Params& p, const typename For
 template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params,
           bool kByRows = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params p, int ks_count) {
+  constexpr int kUnits = kByRows ? kSharedBUnitsByRows : kSharedBUnits;
   extern __shared__ uint4 frag[];
-  __shared__ float red[kWarps * kTile * MT * 8 * NT];
+  // kByRows: the partial sums in the dynamic shared memory after the fragments (kByRowsBytes).
+  __shared__ float red_static[kByRows ? 1 : kWarps * kTile * MT * 8 * NT];
+  float* const red =
+      kByRows ? reinterpret_cast<float*>(frag + kByRowsFragUint4<NT, MT, kSharedB, kUnits>)
+              : red_static;
   __shared__ int work[3];
   FindNonEmptyGroup(p.num_groups, p.max_rows, p.offsets, work);
   const int group = work[0];
@@ -587,26 +603,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params 
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
   const int64_t f0 = (tile0 + fb) * kTile * MT;
   const typename Format::Matrix m = Format::GroupMatrix(p, group);
-  constexpr int kUnits = kByRows ? kSharedBUnitsByRows : kSharedBUnits;
   const int64_t rows = row_end - row_begin;
   if constexpr (kByRows && NT >= 2) {
     if (rows <= 8) {
       GroupedPassCall<1, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks,
-                                                       ks_count, row_begin, row_end, frag, red);
+                                                       ks_count, row_begin, row_end);
       return;
     }
   }
   if constexpr (kByRows && NT >= 3) {
     if (rows <= 16) {
       GroupedPassCall<2, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks,
-                                                       ks_count, row_begin, row_end, frag, red);
+                                                       ks_count, row_begin, row_end);
       return;
     }
   }
   if constexpr (kByRows && NT >= 4) {
     if (rows <= 24) {
       GroupedPassCall<3, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks,
-                                                       ks_count, row_begin, row_end, frag, red);
+                                                       ks_count, row_begin, row_end);
       return;
     }
   }
@@ -703,14 +718,16 @@ template <int NT, int MT, bool kSharedB, int kMinBlocks, bool kByRows, typename 
           typename Params>
 cudaError_t LaunchGroupedTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
   const auto kernel = MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format, Params, kByRows>;
-  constexpr size_t kBytes = size_t{2048} * (kByRows ? kSharedBUnitsByRows : kSharedBUnits);
-  if constexpr (kSharedB) {
+  constexpr size_t kBytes = kByRows ? kByRowsBytes<NT, MT, kSharedB, kSharedBUnitsByRows>
+                             : kSharedB ? kSharedBBytes
+                                        : 0;
+  if constexpr (kBytes > 0) {
     static std::atomic<uint64_t> allowed_on{0};
     const cudaError_t allowed =
         AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes, &allowed_on);
     if (allowed != cudaSuccess) return allowed;
   }
-  kernel<<<grid, kThreads, kSharedB ? kBytes : 0, stream>>>(p, ks);
+  kernel<<<grid, kThreads, kBytes, stream>>>(p, ks);
   return cudaGetLastError();
 }
 
