@@ -42,12 +42,13 @@ __device__ __forceinline__ void GroupedPass(const Params& p, const typename Form
 }
 
 // MmaGroupedKernel's kByRows dynamic shared memory: the activation fragments (kSharedB: kUnits
-// 2 KiB units), then the partial sums of a pass of up to NT row tiles.
-template <int NT, int MT, bool kSharedB, int kUnits>
-constexpr int64_t kByRowsFragUint4 = kSharedB ? kUnits * 128 : 0;
-template <int NT, int MT, bool kSharedB, int kUnits>
-constexpr size_t kByRowsBytes = 16 * kByRowsFragUint4<NT, MT, kSharedB, kUnits> +
-                                sizeof(float) * kWarps * kTile * MT * 8 * NT;
+// 2 KiB units), then the partial sums of a pass of up to nt row tiles of mt 16-row weight tiles.
+__host__ __device__ constexpr int64_t ByRowsFragUint4(bool shared_b, int units) {
+  return shared_b ? int64_t{units} * 128 : 0;
+}
+__host__ __device__ constexpr size_t ByRowsBytes(int nt, int mt, bool shared_b, int units) {
+  return 16 * ByRowsFragUint4(shared_b, units) + sizeof(float) * kWarps * kTile * mt * 8 * nt;
+}
 
 // GroupedPass as a call of its own on the kByRows layout of the dynamic shared memory, so that
 // the kernel that picks among several row tiles (MmaGroupedKernel's kByRows) allocates each
@@ -60,7 +61,7 @@ __device__ __noinline__ void GroupedPassCall(const Params& p, const typename For
   extern __shared__ uint4 by_rows_smem[];
   GroupedPass<NT, MT, kSharedB, Format, kUnits>(
       p, m, f0, tile0, fb_count, ks, ks_count, row0, row_end, by_rows_smem,
-      reinterpret_cast<float*>(by_rows_smem + kByRowsFragUint4<NT, MT, kSharedB, kUnits>));
+      reinterpret_cast<float*>(by_rows_smem + ByRowsFragUint4(kSharedB, kUnits)));
 }
 
 // The grouped GEMM over the rows of each non-empty group (bf16 activations [max_rows, k], c fp32
@@ -80,11 +81,10 @@ template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typena
 __global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params p, int ks_count) {
   constexpr int kUnits = kByRows ? kSharedBUnitsByRows : kSharedBUnits;
   extern __shared__ uint4 frag[];
-  // kByRows: the partial sums in the dynamic shared memory after the fragments (kByRowsBytes).
+  // kByRows: the partial sums in the dynamic shared memory after the fragments (ByRowsBytes).
   __shared__ float red_static[kByRows ? 1 : kWarps * kTile * MT * 8 * NT];
   float* const red =
-      kByRows ? reinterpret_cast<float*>(frag + kByRowsFragUint4<NT, MT, kSharedB, kUnits>)
-              : red_static;
+      kByRows ? reinterpret_cast<float*>(frag + ByRowsFragUint4(kSharedB, kUnits)) : red_static;
   __shared__ int work[3];
   FindNonEmptyGroup(p.num_groups, p.max_rows, p.offsets, work);
   const int group = work[0];
@@ -98,22 +98,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params 
   const int64_t rows = row_end - row_begin;
   if constexpr (kByRows && NT >= 2) {
     if (rows <= 8) {
-      GroupedPassCall<1, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks,
-                                                       ks_count, row_begin, row_end);
+      GroupedPassCall<1, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks, ks_count,
+                                                       row_begin, row_end);
       return;
     }
   }
   if constexpr (kByRows && NT >= 3) {
     if (rows <= 16) {
-      GroupedPassCall<2, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks,
-                                                       ks_count, row_begin, row_end);
+      GroupedPassCall<2, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks, ks_count,
+                                                       row_begin, row_end);
       return;
     }
   }
   if constexpr (kByRows && NT >= 4) {
     if (rows <= 24) {
-      GroupedPassCall<3, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks,
-                                                       ks_count, row_begin, row_end);
+      GroupedPassCall<3, MT, kSharedB, Format, kUnits>(p, m, f0, tile0, fb_count, ks, ks_count,
+                                                       row_begin, row_end);
       return;
     }
   }
@@ -173,9 +173,9 @@ template <int NT, int MT, bool kSharedB, int kMinBlocks, bool kByRows, typename 
           typename Params>
 cudaError_t LaunchGroupedTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
   const auto kernel = MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format, Params, kByRows>;
-  constexpr size_t kBytes = kByRows ? kByRowsBytes<NT, MT, kSharedB, kSharedBUnitsByRows>
-                             : kSharedB ? kSharedBBytes
-                                        : 0;
+  constexpr size_t kBytes = kByRows    ? ByRowsBytes(NT, MT, kSharedB, kSharedBUnitsByRows)
+                            : kSharedB ? kSharedBBytes
+                                       : 0;
   if constexpr (kBytes > 0) {
     static std::atomic<uint64_t> allowed_on{0};
     const cudaError_t allowed =
@@ -246,14 +246,11 @@ cudaError_t LaunchGrouped(const Params& p, int k_split, cudaStream_t stream) {
   const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
   switch (RowTiles(hint)) {
     case 1:
-      return LaunchGroupedRows<1, MT, kSharedB, kMinBlocks, kByRows, Format>(p, ks, grid,
-                                                                                stream);
+      return LaunchGroupedRows<1, MT, kSharedB, kMinBlocks, kByRows, Format>(p, ks, grid, stream);
     case 2:
-      return LaunchGroupedRows<2, MT, kSharedB, kMinBlocks, kByRows, Format>(p, ks, grid,
-                                                                                stream);
+      return LaunchGroupedRows<2, MT, kSharedB, kMinBlocks, kByRows, Format>(p, ks, grid, stream);
     default:
-      return LaunchGroupedRows<4, MT, kSharedB, kMinBlocks, kByRows, Format>(p, ks, grid,
-                                                                                stream);
+      return LaunchGroupedRows<4, MT, kSharedB, kMinBlocks, kByRows, Format>(p, ks, grid, stream);
   }
 }
 

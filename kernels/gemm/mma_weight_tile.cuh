@@ -367,8 +367,8 @@ struct SharedB {
 };
 
 // WarpTile with the activation fragments staged in shared memory (frag: kUnits 2 KiB units), for
-// warp slice ks of ks_count: the same sums. Every thread of the block calls it (it has barriers), the
-// warps past n or with an empty slice too.
+// warp slice ks of ks_count: the same sums. Every thread of the block calls it (it has barriers),
+// the warps past n or with an empty slice too.
 template <int NT, int MT, bool kBf16A, typename Format, int kUnits = kSharedBUnits>
 __device__ __forceinline__ void WarpTileSharedB(const typename Format::Matrix& m, int64_t n,
                                                 int64_t f0, const void* a, int64_t lda,

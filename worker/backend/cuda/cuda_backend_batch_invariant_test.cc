@@ -428,11 +428,9 @@ TEST_F(BatchInvariantTest, RouteTokensRowsAreTheSameAtEveryBatchSizeAndMatchCpu)
            {0, 1}, {599, 1}, {40, 3}, {100, 17}, {5, 129}, {0, 256}, {250, 300}}) {
     SCOPED_TRACE(::testing::Message() << n << " tokens from " << first);
     const Routed part = run(gpu_.get(), first, n);
-    EXPECT_EQ(std::memcmp(part.ids.data(), all.ids.data() + first * K, n * K * sizeof(int32_t)),
-              0);
+    EXPECT_EQ(std::memcmp(part.ids.data(), all.ids.data() + first * K, n * K * sizeof(int32_t)), 0);
     EXPECT_EQ(
-        std::memcmp(part.weights.data(), all.weights.data() + first * K, n * K * sizeof(float)),
-        0);
+        std::memcmp(part.weights.data(), all.weights.data() + first * K, n * K * sizeof(float)), 0);
   }
   const Routed want = run(&cpu_, 0, T);
   int differing = 0;
