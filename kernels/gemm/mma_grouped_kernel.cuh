@@ -68,14 +68,14 @@ __device__ __noinline__ void GroupedPassCall(const Params& p, const typename For
 // [max_rows, n]): grid x = feature-tile blocks, y = the non-empty groups. Params has num_groups,
 // max_rows, offsets, n, k, a, c; Format::GroupMatrix(p, group) gives the group's weights. MT:
 // 16-row weight tiles a warp; kSharedB: the activation fragments through shared memory
-// (WarpTileSharedB, kSharedBBytes of dynamic shared memory, kByRows: twice that); kMinBlocks:
-// blocks an SM must fit
+// (WarpTileSharedB, kSharedBBytes of dynamic shared memory); kMinBlocks: blocks an SM must fit
 // (2: at most 128 registers a thread, spilling where the tile needs more). kByRows: NT is the
 // most row tiles of a pass; a group with at most 8 NT rows takes one pass of the fewest 8-row
 // tiles that hold them (the same sums: a row's sum depends on neither the pass nor its tiles),
 // the others passes of NT, each staging twice the k blocks of activation fragments a phase
-// (kSharedBUnitsByRows). The choice is made once per block, and the smaller passes are calls of
-// their own, so that each body's registers are its own.
+// (kSharedBUnitsByRows; ByRowsBytes of dynamic shared memory). The choice is made once per
+// block, and the smaller passes are calls of their own, so that each body's registers are its
+// own.
 template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params,
           bool kByRows = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params p, int ks_count) {
