@@ -111,7 +111,10 @@ struct CudaTuning {
   //    giving the same bits at a fixed split), else the weight dequantised to bf16;
   //  * AddRmsNormGemms, GateUpSiluMulBf16, NormedDenseMlp, RoutedAndSharedExperts,
   //    NormRopeCacheAbsorbQuery, MhaPrefillAttention: the Backend's separate ops;
-  //  * RouteTokens: AddRmsNorm + Gemm + NoauxTcRoute + AccumulateExpertCounts;
+  //  * RouteTokens: AddRmsNorm + kernels::RouteTokensF32 at every token count, in calls of at
+  //    most kernels::kMaxFusedRouterTokens tokens (each logit summed in one order for every
+  //    tile and token count; the counts in the call, or after the calls in one
+  //    AccumulateExpertCounts);
   //  * RoutedExperts: the device path for every batch, the expert GEMMs on
   //    kernels::Bf16MmaGroupedGemm with a fixed k split (kBatchInvariantBf16KSplit) and the
   //    activations in bf16 (as the default mode's cuBLAS expert GEMMs take them; bf16 weights)
@@ -382,7 +385,8 @@ class CudaBackend : public Backend {
   static constexpr int32_t kMlaDecodeSmallMaxTokens = 1;
   int32_t MlaDecodeContextBreak(int32_t num_tokens) const override;
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
-  // Up to kFusedRouterMaxTokens tokens and arguments kernels::RouteTokensSupported takes:
+  // Up to kFusedRouterMaxTokens tokens (batch-invariant mode: any number, in calls of at most
+  // kernels::kMaxFusedRouterTokens) and arguments kernels::RouteTokensSupported takes:
   // AddRmsNorm (args.norm), then kernels::RouteTokensF32, logits, routing and counts in one
   // launch; otherwise Backend's AddRmsNorm (args.norm) + Gemm (cuBLAS) + NoauxTcRoute +
   // AccumulateExpertCounts.

@@ -4,12 +4,14 @@
 // cuda_backend_gemm_test: Gemm (fp32 and bf16 weights, fp32 and bf16 activations, with
 // accumulation and strides, the pipelined tensor-core and the warp kernels; the pipelined
 // kernel's row tiles of 16 to 128 rows, column tiles of 64 and 128 and k splits of 1 to 8, calls
-// of up to 4353 rows) and BatchedGemm (the absorbed-MLA layouts), and RoutedExperts (the grouped
-// expert GEMMs). Skips without a GPU.
+// of up to 4353 rows) and BatchedGemm (the absorbed-MLA layouts), RoutedExperts (the grouped
+// expert GEMMs) and RouteTokens (the one-launch router in calls of at most 256 tokens). Skips
+// without a GPU.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -350,6 +352,99 @@ TEST_F(BatchInvariantTest, RoutedExpertsRowsAreTheSameAtEveryBatchSizeAndMatchCp
   }
   EXPECT_TRUE(
       AllClose(std::vector<float>(all.begin(), all.begin() + kChecked * H), want, 1e-2, 1e-2));
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// RouteTokens (the one-launch router at every token count, in calls of at most
+// kernels::kMaxFusedRouterTokens): 600 tokens (three calls, the counts in a pass after them) and
+// the same tokens in calls of 1 to 300 tokens at other places give every token the same expert
+// ids and weights bit for bit; the counts are those of the choices made (count_limit leaves the
+// last token out); against the CPU backend's Gemm + NoauxTcRoute the same choices except within
+// float noise of a tie, and close weights.
+TEST_F(BatchInvariantTest, RouteTokensRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
+  constexpr int32_t E = 64, K = 6, H = 512, T = 600;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const std::vector<float> hidden = testing::RandomFloats(T * H, seed, 1.0f);
+  const std::vector<float> weight = testing::RandomFloats(E * H, seed + 1, 0.05f);
+  const std::vector<float> bias = testing::RandomFloats(E, seed + 2, 0.05f);
+  struct Routed {
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    std::vector<int64_t> counts;
+  };
+  // be's RouteTokens on tokens [first, first + n).
+  auto run = [&](Backend* be, int32_t first, int32_t n) {
+    std::vector<std::unique_ptr<DeviceBuffer>> keep;
+    auto up = [&](const void* host, size_t bytes) {
+      keep.push_back(be->Allocate(bytes));
+      be->CopyToDevice(host, bytes, keep.back()->data());
+      return keep.back()->data();
+    };
+    const int32_t limit = (n - 1) * K;
+    const std::vector<int64_t> initial(E, 5);
+    const std::vector<int32_t> poison_ids(n * K, -7);
+    const std::vector<float> poison_w(n * K, std::numeric_limits<float>::quiet_NaN());
+    RouteTokensArgs a;
+    a.hidden_size = H;
+    a.hidden = static_cast<const float*>(
+        up(hidden.data() + static_cast<size_t>(first) * H, static_cast<size_t>(n) * H * 4));
+    a.router_weight = static_cast<const float*>(up(weight.data(), weight.size() * 4));
+    a.route.num_tokens = n;
+    a.route.num_experts = E;
+    a.route.correction_bias = static_cast<const float*>(up(bias.data(), bias.size() * 4));
+    a.route.top_k = K;
+    a.route.scaling_factor = 2.446f;
+    a.route.topk_ids = static_cast<int32_t*>(up(poison_ids.data(), n * K * sizeof(int32_t)));
+    a.route.topk_weights = static_cast<float*>(up(poison_w.data(), n * K * sizeof(float)));
+    a.expert_counts = static_cast<int64_t*>(up(initial.data(), E * sizeof(int64_t)));
+    a.count_limit = static_cast<const int32_t*>(up(&limit, sizeof(limit)));
+    be->RouteTokens(a);
+    Routed r;
+    r.ids.resize(n * K);
+    r.weights.resize(n * K);
+    r.counts.resize(E);
+    be->CopyToHost(a.route.topk_ids, n * K * sizeof(int32_t), r.ids.data());
+    be->CopyToHost(a.route.topk_weights, n * K * sizeof(float), r.weights.data());
+    be->CopyToHost(a.expert_counts, E * sizeof(int64_t), r.counts.data());
+    return r;
+  };
+  gpu_->SetOpTiming(true);
+  const Routed all = run(gpu_.get(), 0, T);
+  gpu_->SetOpTiming(false);
+  const std::string report = gpu_->TakeOpTimingReport();
+  EXPECT_EQ(testing::CallsOf(report, "RouteTokens"), 1) << report;
+  EXPECT_EQ(testing::CallsOf(report, "NoauxTcRoute"), -1) << report;
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  std::vector<int64_t> from_ids(E, 5);
+  for (int32_t i = 0; i < (T - 1) * K; ++i) {
+    ASSERT_GE(all.ids[i], 0);
+    ASSERT_LT(all.ids[i], E);
+    ++from_ids[all.ids[i]];
+  }
+  EXPECT_EQ(all.counts, from_ids);
+  for (const auto& [first, n] : std::vector<std::pair<int32_t, int32_t>>{
+           {0, 1}, {599, 1}, {40, 3}, {100, 17}, {5, 129}, {0, 256}, {250, 300}}) {
+    SCOPED_TRACE(::testing::Message() << n << " tokens from " << first);
+    const Routed part = run(gpu_.get(), first, n);
+    EXPECT_EQ(std::memcmp(part.ids.data(), all.ids.data() + first * K, n * K * sizeof(int32_t)), 0);
+    EXPECT_EQ(
+        std::memcmp(part.weights.data(), all.weights.data() + first * K, n * K * sizeof(float)), 0);
+  }
+  const Routed want = run(&cpu_, 0, T);
+  int differing = 0;
+  for (int32_t t = 0; t < T; ++t) {
+    const std::vector<int32_t> g(all.ids.begin() + t * K, all.ids.begin() + (t + 1) * K);
+    const std::vector<int32_t> w(want.ids.begin() + t * K, want.ids.begin() + (t + 1) * K);
+    if (g != w) {
+      ++differing;
+      continue;
+    }
+    const std::vector<float> gw(all.weights.begin() + t * K, all.weights.begin() + (t + 1) * K);
+    const std::vector<float> ww(want.weights.begin() + t * K, want.weights.begin() + (t + 1) * K);
+    EXPECT_TRUE(AllClose(gw, ww, 1e-6, 1e-5)) << "token " << t;
+  }
+  EXPECT_LE(differing, T / 50) << "more than float-noise ties";
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
