@@ -175,14 +175,15 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaV4Bf16ParityTest,
 
 // A model at the sizes of the bf16 prefill path (V4Ops::TakesBf16Attention: heads of 512, from
 // CudaV4Ops::kBf16AttentionMinTokens tokens a step), where the query is q_b's bf16 output
-// (Backend::GemmToBf16) normed and roped in place and o_a's products go to o_b in bf16
-// (Backend::BatchedGemmToBf16): dsv4_bf16's architecture with heads of 512 (rope 64; the
-// indexer's heads of 128) and dummy weights, bf16 on the GPU and on the CPU backend, one
-// 600-token prefill. The rows' logit errors (max |GPU - CPU| relative to the row's max |CPU|;
-// the GPU's bf16 attention and the roundings only one of the two makes differ by about the bf16
-// bound) at the median within kBf16Tolerance and at the 90th percentile within 3 times it, and
-// the argmax the CPU's on 3 rows of 4: loose bounds, not yet measured on this model (the test
-// prints the figures), that a wrong layout or a missed rotation breaks.
+// (Backend::GemmToBf16) normed and roped in place, o_a's products go to o_b in bf16
+// (Backend::BatchedGemmToBf16) and attention runs the bf16 prefill kernel: dsv4_bf16's
+// architecture with heads of 512 (rope 64; the indexer's heads of 128) and dummy weights, one
+// 600-token prefill, on the GPU in bf16, on the CPU backend in bf16 and in fp32. The fp32 run is
+// the reference (the CPU backend's fp32 V4 has HF parity: deepseek_v4_parity_test); a row's
+// error is max |logit - fp32 logit| over the row's max |fp32 logit|. The GPU's bf16 errors must be
+// of the size of the CPU's bf16 errors (both round the weights and activations to bf16, at
+// different places): the median and 90th-percentile row errors within twice the CPU bf16's, and
+// the argmax the fp32 run's on at least as many rows as the CPU bf16 run less 5% of the rows.
 TEST(CudaV4Bf16PrefillTest, BigHeadsPrefillMatchesTheCpuBackend) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const Fixture fx = LoadFixture("dsv4_bf16");
@@ -232,36 +233,53 @@ TEST(CudaV4Bf16PrefillTest, BigHeadsPrefillMatchesTheCpuBackend) {
   ASSERT_TRUE((*gpu)->v4_ops()->TakesBf16Attention(kTokens, 4, 512));
   auto got = run(gpu->get());
   ASSERT_TRUE(got.ok()) << got.status();
-  CpuBackend cpu(4, WeightDType::kBFloat16);
-  auto want = run(&cpu);
+  CpuBackend cpu16(4, WeightDType::kBFloat16);
+  auto bf16 = run(&cpu16);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  CpuBackend cpu32(4, WeightDType::kFloat32);
+  auto want = run(&cpu32);
   ASSERT_TRUE(want.ok()) << want.status();
   ASSERT_EQ(got->size(), want->size());
+  ASSERT_EQ(bf16->size(), want->size());
   const int64_t vocab = static_cast<int64_t>(want->size()) / kTokens;
   ASSERT_EQ(vocab * kTokens, static_cast<int64_t>(want->size()));
-  std::vector<double> rel(kTokens);
-  int64_t argmax_match = 0;
-  for (int64_t t = 0; t < kTokens; ++t) {
-    const float* g = got->data() + t * vocab;
-    const float* c = want->data() + t * vocab;
-    double err = 0, scale = 0;
-    for (int64_t v = 0; v < vocab; ++v) {
-      ASSERT_TRUE(std::isfinite(g[v])) << "row " << t << " logit " << v;
-      err = std::max(err, std::abs(static_cast<double>(g[v]) - c[v]));
-      scale = std::max(scale, std::abs(static_cast<double>(c[v])));
+  struct Errors {
+    double median = 0, p90 = 0, max = 0;
+    int64_t argmax_match = 0;
+  };
+  auto errors = [&](const std::vector<float>& run_logits) {
+    std::vector<double> rel(kTokens);
+    Errors e;
+    for (int64_t t = 0; t < kTokens; ++t) {
+      const float* g = run_logits.data() + t * vocab;
+      const float* c = want->data() + t * vocab;
+      double err = 0, scale = 0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        EXPECT_TRUE(std::isfinite(g[v])) << "row " << t << " logit " << v;
+        err = std::max(err, std::abs(static_cast<double>(g[v]) - c[v]));
+        scale = std::max(scale, std::abs(static_cast<double>(c[v])));
+      }
+      rel[t] = scale > 0 ? err / scale : err;
+      e.argmax_match += ArgmaxRow(g, vocab) == ArgmaxRow(c, vocab);
     }
-    rel[t] = scale > 0 ? err / scale : err;
-    argmax_match += ArgmaxRow(g, vocab) == ArgmaxRow(c, vocab);
+    std::sort(rel.begin(), rel.end());
+    e.median = rel[kTokens / 2];
+    e.p90 = rel[kTokens * 9 / 10];
+    e.max = rel.back();
+    return e;
+  };
+  const Errors gpu_err = errors(*got), cpu_err = errors(*bf16);
+  for (const auto& [name, e] : {std::pair<const char*, Errors>{"cuda bf16", gpu_err},
+                                std::pair<const char*, Errors>{"cpu bf16", cpu_err}}) {
+    std::printf(
+        "[bf16-prefill] %s, heads of 512, %lld tokens, against the CPU in fp32: rows' rel error "
+        "median %.3e, p90 %.3e, max %.3e; argmax equal on %lld rows\n",
+        name, static_cast<long long>(kTokens), e.median, e.p90, e.max,
+        static_cast<long long>(e.argmax_match));
   }
-  std::vector<double> sorted = rel;
-  std::sort(sorted.begin(), sorted.end());
-  std::printf(
-      "[bf16-prefill] cuda-v4 heads of 512, %lld tokens against the CPU: rows' rel error median "
-      "%.3e, p90 %.3e, max %.3e; argmax equal on %lld rows\n",
-      static_cast<long long>(kTokens), sorted[kTokens / 2], sorted[kTokens * 9 / 10], sorted.back(),
-      static_cast<long long>(argmax_match));
-  EXPECT_LE(sorted[kTokens / 2], kBf16Tolerance);
-  EXPECT_LE(sorted[kTokens * 9 / 10], 3 * kBf16Tolerance);
-  EXPECT_GE(argmax_match, 3 * kTokens / 4);
+  EXPECT_LE(gpu_err.median, 2 * cpu_err.median);
+  EXPECT_LE(gpu_err.p90, 2 * cpu_err.p90);
+  EXPECT_GE(gpu_err.argmax_match, cpu_err.argmax_match - kTokens / 20);
 }
 
 }  // namespace
