@@ -51,6 +51,37 @@ bool BatchInvariantGemmTcSupports(const BatchInvariantGemmParams& p);
 // cudaErrorInvalidValue (nothing launched) where BatchInvariantGemmTcSupports is false.
 cudaError_t BatchInvariantGemmTc(const BatchInvariantGemmParams& p, cudaStream_t stream);
 
+// The k splits of BatchInvariantGemmPipelined for `batch` products of n x k weights: a function of
+// the shape alone (never of m). Doubled from 1 (up to 8) while batch * ceil(n / 64) * splits < 128
+// and every split keeps at least 4 of the ceil(k / 64) k steps.
+int BatchInvariantGemmSplits(int64_t batch, int64_t n, int64_t k);
+
+// Whether BatchInvariantGemmPipelined takes p: bf16 a and w, m, n, batch >= 1 and k >= 0 in int
+// range (batch <= 65535), k a multiple of 8, a and w 16-byte aligned, lda, ldw, stride_a and
+// stride_w multiples of 8, ldc >= n, and the device runs the kernel's sm_90 code in clusters of
+// the shape's split count. A property of the shapes and the layout, never of m.
+bool BatchInvariantGemmPipelinedSupports(const BatchInvariantGemmParams& p);
+
+// A launch's tile for BatchInvariantGemmPipelined: rows (16, 32, 64 or 128) x columns (64 or
+// 128); 0 picks it (rows: the smallest tile that holds m, at most 128; columns: 128 where that
+// gives at least 264 blocks, else 64). The tile never changes a bit of the outputs.
+struct BatchInvariantGemmTile {
+  int rows = 0;
+  int columns = 0;
+};
+
+// bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation), the weights as the MMA's 16-row side:
+// k is cut into BatchInvariantGemmSplits(batch, n, k) contiguous ranges of 64-wide steps, each
+// summed by one block from zero in increasing k through a multi-stage cp.async pipeline, and the
+// splits' partial sums added in split order inside a thread-block cluster (distributed shared
+// memory, no workspace); then c = the sum, or c + the sum. So each output's sum order is fixed by
+// (batch, n, k) alone: any m, tile and row position give the same bits. Its bits differ from
+// BatchInvariantGemmTc's (another order): a caller uses one of the two for a shape, never both.
+// cudaErrorInvalidValue (nothing launched) where BatchInvariantGemmPipelinedSupports is false or
+// the tile is not one of the kernel's.
+cudaError_t BatchInvariantGemmPipelined(const BatchInvariantGemmParams& p, cudaStream_t stream,
+                                        BatchInvariantGemmTile tile = {});
+
 // Any layout and dtype (bf16 or fp32 a and w; an fp32 a against bf16 w is rounded to bf16 as in
 // BatchInvariantGemmTc, against fp32 w used as it is): each output summed by one warp, lane l
 // summing p = l, l + 32, ... in order, then a fixed butterfly across the warp; a warp computes

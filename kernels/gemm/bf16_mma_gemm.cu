@@ -14,6 +14,7 @@
 
 #include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/bf16_mma_gemm.h"
+#include "kernels/gemm/mma_grouped_kernel.cuh"
 #include "kernels/gemm/mma_weight_tile.cuh"
 
 namespace deepinfer {
@@ -102,13 +103,17 @@ bool Bf16MmaGroupedGemmSupports(const Bf16MmaGroupedGemmParams& p) {
   return p.num_groups >= 1 && p.max_rows >= 0 && p.n >= 1 && p.k >= 1 && p.n <= kIntMax &&
          p.k % 8 == 0 && std::min(p.num_groups, p.max_rows) <= 65535 && p.offsets != nullptr &&
          p.a != nullptr && Aligned16(p.a) && p.weights != nullptr && p.c != nullptr &&
-         KSplitValid(p.k_split, p.k) && Bf16MmaGemmAvailable();
+         KSplitValid(p.k_split, p.k) && !(p.tile.rows_by_group && p.tile.wide) &&
+         Bf16MmaGemmAvailable();
 }
 
 cudaError_t Bf16MmaGroupedGemm(const Bf16MmaGroupedGemmParams& p, cudaStream_t stream) {
   if (!Bf16MmaGroupedGemmSupports(p)) return cudaErrorInvalidValue;
   if (p.max_rows == 0) return cudaSuccess;
   if (p.tile.all_rows) return mma_tile::LaunchGroupedAllRows<Bf16Format>(p, p.k_split, stream);
+  if (p.tile.rows_by_group) {
+    return mma_tile::LaunchGroupedTileByRows<Bf16Format>(p, p.k_split, stream);
+  }
   return mma_tile::LaunchGroupedTile<Bf16Format>(p, p.k_split, stream);
 }
 

@@ -8,8 +8,8 @@
 //
 // Batch invariance: with a fixed k_split every output's sum (its MMAs, their order, the k-slices'
 // addition) depends on neither the group's row count nor the row's place in it, nor on the tile
-// options (all_rows included) or the row tile (rows_per_group_hint): the batch-invariant mode's
-// routed-expert GEMMs (CudaTuning::batch_invariant).
+// options (all_rows and rows_by_group included) or the row tile (rows_per_group_hint): the
+// batch-invariant mode's routed-expert GEMMs (CudaTuning::batch_invariant).
 #ifndef DEEPINFER_KERNELS_GEMM_BF16_MMA_GEMM_H_
 #define DEEPINFER_KERNELS_GEMM_BF16_MMA_GEMM_H_
 
@@ -27,6 +27,11 @@ namespace kernels {
 // memory, two blocks an SM: the loads in flight a warp as kGroupedMmaTile's for FP8 weights (4 KiB
 // a k block).
 constexpr MmaTileOptions kBf16GroupedMmaTile{false, true, true};
+
+// The batch-invariant mode's register loop (CudaBackend, decode sizes): kBf16GroupedMmaTile with
+// rows_by_group, so that a group of at most the hint's rows takes one pass of the fewest 8-row
+// tiles that hold them (the same sums as kBf16GroupedMmaTile).
+constexpr MmaTileOptions kBf16BatchInvariantTile{false, true, true, false, true};
 
 // Whether this process has the tensor-core kernel for the current device (sm_80+ code).
 bool Bf16MmaGemmAvailable();
@@ -53,11 +58,14 @@ struct Bf16MmaGroupedGemmParams {
   // With all_rows (the other fields ignored then): the all-rows loop, each warp's 16 weight rows
   // of a k block loaded once for a pass of 32, 64 or 128 rows (by the hint) whose activation
   // fragments are staged in shared memory (64 or 128 KiB), where the register loop takes passes
-  // of at most 32 rows, each loading every weight again: for large groups (prefill).
+  // of at most 32 rows, each loading every weight again: for large groups (prefill). With
+  // rows_by_group (not with wide): the hint's row tile is the most a pass takes, a group with
+  // fewer rows taking one pass of the fewest 8-row tiles (8, 16, 24 or 32 rows) that hold them.
   MmaTileOptions tile = kBf16GroupedMmaTile;
 };
 
-// Whether Bf16MmaGroupedGemm takes these arguments and the device has the kernel.
+// Whether Bf16MmaGroupedGemm takes these arguments (rows_by_group not with the wide tile) and the
+// device has the kernel.
 bool Bf16MmaGroupedGemmSupports(const Bf16MmaGroupedGemmParams& p);
 // cudaErrorInvalidValue (nothing launched) where Bf16MmaGroupedGemmSupports is false; max_rows 0
 // launches nothing.

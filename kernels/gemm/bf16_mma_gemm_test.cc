@@ -51,18 +51,29 @@ std::vector<MmaTileOptions> AllTiles() {
   return v;
 }
 
-// AllTiles, then all_rows.
+// AllTiles, then all_rows, then the narrow tiles of AllTiles with rows_by_group ([9, 13): narrow,
+// narrow+shared, then the same with two_blocks_per_sm).
 std::vector<MmaTileOptions> AllGroupedTiles() {
   std::vector<MmaTileOptions> v = AllTiles();
   v.emplace_back();
   v.back().all_rows = true;
+  for (const MmaTileOptions& o : AllTiles()) {
+    if (o.wide) continue;
+    v.push_back(o);
+    v.back().rows_by_group = true;
+  }
   return v;
+}
+
+// AllTiles' index of the tile that rows_by_group tile o changes.
+size_t ByRowsTwin(const MmaTileOptions& o) {
+  return (o.two_blocks_per_sm ? 4 : 0) + (o.shared_activations ? 1 : 0);
 }
 
 std::string TileName(const MmaTileOptions& o) {
   if (o.all_rows) return "all_rows";
   return std::string(o.wide ? "wide" : "narrow") + (o.shared_activations ? "+shared" : "") +
-         (o.two_blocks_per_sm ? "+2blocks" : "");
+         (o.two_blocks_per_sm ? "+2blocks" : "") + (o.rows_by_group ? "+rows_by_group" : "");
 }
 
 // Host weights of `groups` experts [n, k] (bf16 bits) and their device copies and pointer array.
@@ -156,8 +167,9 @@ TEST_P(Bf16MmaGroupedGemmTest, MatchesPerGroupReference) {
     }
   };
   // Every tile variant with the split picked from the shape, those without two_blocks_per_sm and
-  // all_rows against the reference; the shared activation fragments and the register cap give
-  // the bits of their twin (the narrow and wide tiles and all_rows may split k differently).
+  // all_rows against the reference; the shared activation fragments, the register cap and the
+  // row tiles by group give the bits of their twin (the narrow and wide tiles and all_rows may
+  // split k differently).
   const std::vector<MmaTileOptions> tiles = AllGroupedTiles();
   std::vector<std::vector<float>> got;
   for (size_t v = 0; v < tiles.size(); ++v) {
@@ -165,7 +177,10 @@ TEST_P(Bf16MmaGroupedGemmTest, MatchesPerGroupReference) {
     p.tile = tiles[v];
     got.emplace_back();
     launch(p, &got.back());
-    if (v < 4 || tiles[v].all_rows) {
+    if (tiles[v].rows_by_group) {
+      EXPECT_TRUE(SameBits(got[ByRowsTwin(tiles[v])].data(), got[v].data(), used_elems))
+          << "rows by group";
+    } else if (v < 4 || tiles[v].all_rows) {
       ExpectMatchesReference(got.back(), a, offsets, w, t.n, t.k);
     } else {
       EXPECT_TRUE(SameBits(got[v - 4].data(), got[v].data(), used_elems)) << "the register cap";
@@ -175,13 +190,14 @@ TEST_P(Bf16MmaGroupedGemmTest, MatchesPerGroupReference) {
   EXPECT_TRUE(SameBits(got[2].data(), got[3].data(), used_elems)) << "wide vs wide+shared";
 
   // Each fixed k split the kernel takes: the same bits with every tile variant and row tile
-  // (all_rows' passes of 32, 64 and 128 rows among them).
+  // (all_rows' passes of 32, 64 and 128 rows among them, and rows_by_group's one pass of 8, 16,
+  // 24 or 32 rows for a group of at most the hint's rows).
   const int64_t kblocks = (t.k + 127) / 128;
   for (const int32_t k_split : {1, 2, 4, 8}) {
     if (k_split > 1 && 2 * k_split > kblocks) continue;
     p.k_split = k_split;
     std::vector<float> first;
-    for (const int32_t hint : {1, 12, 40, 100}) {
+    for (const int32_t hint : {1, 12, 24, 40, 100}) {
       for (const MmaTileOptions& tile : tiles) {
         SCOPED_TRACE(::testing::Message()
                      << "k_split " << k_split << ", hint " << hint << " " << TileName(tile));
@@ -218,7 +234,8 @@ INSTANTIATE_TEST_SUITE_P(
 // The batch-invariant mode's use: with a fixed k split, one row computed alone (the only row of
 // the launch, the default tile) gives the same bits as the same row among many: at the first, a
 // middle and the last place of a group of 2 to 300 rows, with other groups busy, the hint
-// following the rows as the backend's does, with the default tile and all_rows. The row alone
+// following the rows as the backend's does, with the default tile, all_rows and the mode's tile
+// (kBf16BatchInvariantTile: one pass of 8, 16, 24 or 32 rows by the group's rows). The row alone
 // also matches the reference.
 TEST(Bf16MmaGroupedGemmBatchInvariantTest, RowAloneIsTheRowAmongMany) {
   DEEPINFER_SKIP_WITHOUT_GPU();
@@ -285,7 +302,8 @@ TEST(Bf16MmaGroupedGemmBatchInvariantTest, RowAloneIsTheRowAmongMany) {
       std::uniform_int_distribution<int32_t> other(0, max_group);
       for (const int32_t size : {2, 7, 8, 9, 16, 17, 31, 33, 64, 100, 129, 300}) {
         for (const int32_t at : {0, size / 2, size - 1}) {
-          for (const MmaTileOptions& tile : {kBf16GroupedMmaTile, all_rows}) {
+          for (const MmaTileOptions& tile :
+               {kBf16GroupedMmaTile, all_rows, kBf16BatchInvariantTile}) {
             SCOPED_TRACE(::testing::Message()
                          << "n " << n << " k " << k << " k_split " << k_split << " group of "
                          << size << ", place " << at << " " << TileName(tile));
@@ -328,6 +346,12 @@ TEST(Bf16MmaGroupedGemmTest, RejectsWhatItCannotTake) {
   q = p;
   q.k_split = 2;  // more than half the k blocks (one)
   EXPECT_FALSE(Bf16MmaGroupedGemmSupports(q));
+  q = p;
+  q.tile = kGroupedMmaTile;
+  q.tile.rows_by_group = true;  // rows by group is the narrow tile's
+  EXPECT_FALSE(Bf16MmaGroupedGemmSupports(q));
+  q.tile.wide = false;
+  EXPECT_TRUE(Bf16MmaGroupedGemmSupports(q));
   Bf16MmaGroupedGemmParams zero;
   EXPECT_FALSE(Bf16MmaGroupedGemmSupports(zero));
 }

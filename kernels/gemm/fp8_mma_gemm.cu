@@ -14,6 +14,7 @@
 
 #include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/fp8_mma_gemm.h"
+#include "kernels/gemm/mma_grouped_kernel.cuh"
 #include "kernels/gemm/mma_weight_tile.cuh"
 
 namespace deepinfer {

@@ -26,6 +26,12 @@ struct MmaTileOptions {
   // variants take passes of at most 32 rows, each loading every weight again. The other fields do
   // not apply to it.
   bool all_rows = false;
+  // Bf16MmaGroupedGemm's register loop with the narrow tile (the others ignore it; not with wide):
+  // each pass of a group takes the fewest 8-row tiles that hold the group's rows left, up to the
+  // row hint's (8, 16, 24 or 32 rows), instead of the hint's for every pass, so that a group with
+  // fewer rows than the hint does no MMAs and activation staging for rows it does not have; with
+  // shared_activations each phase stages twice the k blocks (64 KiB: half the barriers).
+  bool rows_by_group = false;
 };
 
 // The grouped kernels' tile (Fp8MmaGroupedGemmParams::tile, Mxfp4MmaGroupedGemmParams::tile):

@@ -21,7 +21,8 @@
 // (deterministic). The activation fragments come from global memory per warp (WarpTile) or, built
 // once per block, from shared memory (WarpTileSharedB, WarpTileAllRows); the weights one block
 // ahead in registers. All of these give every output the same MMAs in the same order: the same
-// sums bit for bit at the same k split.
+// sums bit for bit at the same k split. The grouped kernels on this loop and their launches:
+// mma_grouped_kernel.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -31,7 +32,6 @@
 #include <cstdint>
 
 #include "kernels/common/kernel_facts.h"
-#include "kernels/common/nonempty_group.cuh"
 
 namespace deepinfer {
 namespace kernels {
@@ -284,6 +284,9 @@ __device__ __forceinline__ void WarpTile(const typename Format::Matrix& m, int64
 // h: the B fragments of sub-steps 2h, 2h + 1 of chunk c for lane's rows of tile j.
 constexpr int kSharedBUnits = 16;
 constexpr size_t kSharedBBytes = size_t{2048} * kSharedBUnits;
+// The units of MmaGroupedKernel's kByRows (64 KiB: a pass of up to 16 rows stages 16 k blocks,
+// Moonlight's whole hidden size, between one pair of barriers).
+constexpr int kSharedBUnitsByRows = 2 * kSharedBUnits;
 
 // Whether the shared fragments fit a launch (else the kernels read activations per warp).
 inline bool SharedBFits(int nt, int ks) { return nt * ks <= kSharedBUnits; }
@@ -363,10 +366,10 @@ struct SharedB {
   }
 };
 
-// WarpTile with the activation fragments staged in shared memory (frag: kSharedBBytes), for warp
-// slice ks of ks_count: the same sums. Every thread of the block calls it (it has barriers), the
-// warps past n or with an empty slice too.
-template <int NT, int MT, bool kBf16A, typename Format>
+// WarpTile with the activation fragments staged in shared memory (frag: kUnits 2 KiB units), for
+// warp slice ks of ks_count: the same sums. Every thread of the block calls it (it has barriers),
+// the warps past n or with an empty slice too.
+template <int NT, int MT, bool kBf16A, typename Format, int kUnits = kSharedBUnits>
 __device__ __forceinline__ void WarpTileSharedB(const typename Format::Matrix& m, int64_t n,
                                                 int64_t f0, const void* a, int64_t lda,
                                                 int64_t row0, int64_t row_end, int64_t k, int ks,
@@ -376,7 +379,7 @@ __device__ __forceinline__ void WarpTileSharedB(const typename Format::Matrix& m
   const int64_t per = (blocks + ks_count - 1) / ks_count;
   const int64_t kb0 = min(blocks, ks * per), kb1 = min(blocks, kb0 + per);
   const bool active = f0 < n && kb0 < kb1;
-  const int steps = kSharedBUnits / (ks_count * NT);
+  const int steps = kUnits / (ks_count * NT);
   Format w[MT];
   TileFormats<MT>(m, n, f0, w);
   typename Format::Raw cur[MT], next[MT];
@@ -522,79 +525,6 @@ __device__ __forceinline__ void ReduceAndStore(float (*red)[kTile * MT][8 * NT],
   }
 }
 
-// The grouped GEMM over the rows of each non-empty group (bf16 activations [max_rows, k], c fp32
-// [max_rows, n]): grid x = feature-tile blocks, y = the non-empty groups. Params has num_groups,
-// max_rows, offsets, n, k, a, c; Format::GroupMatrix(p, group) gives the group's weights. MT:
-// 16-row weight tiles a warp; kSharedB: the activation fragments through shared memory
-// (WarpTileSharedB, kSharedBBytes of dynamic shared memory); kMinBlocks: blocks an SM must fit
-// (2: at most 128 registers a thread, spilling where the tile needs more).
-template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) MmaGroupedKernel(Params p, int ks_count) {
-  extern __shared__ uint4 frag[];
-  __shared__ float red[kWarps][kTile * MT][8 * NT];
-  __shared__ int work[3];
-  FindNonEmptyGroup(p.num_groups, p.max_rows, p.offsets, work);
-  const int group = work[0];
-  const int64_t row_begin = work[1], row_end = work[2];
-  if (row_begin >= row_end) return;
-  const int warp = threadIdx.x >> 5;
-  const int fb_count = kWarps / ks_count, fb = warp / ks_count, ks = warp % ks_count;
-  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
-  const int64_t f0 = (tile0 + fb) * kTile * MT;
-  const typename Format::Matrix m = Format::GroupMatrix(p, group);
-  constexpr int kRows = 8 * NT;
-  for (int64_t row0 = row_begin; row0 < row_end; row0 += kRows) {
-    float acc[MT][NT][4];
-    if constexpr (kSharedB) {
-      WarpTileSharedB<NT, MT, true, Format>(m, p.n, f0, p.a, p.k, row0, row_end, p.k, ks, ks_count,
-                                            frag, acc);
-    } else {
-      int64_t kb0, kb1;
-      KSlice(p.k, ks, ks_count, &kb0, &kb1);
-      WarpTile<NT, MT, true, Format>(m, p.n, f0, p.a, p.k, row0, row_end, p.k, kb0, kb1, acc);
-    }
-    StoreFragments<NT, MT>(acc, red[warp]);
-    __syncthreads();
-    ReduceAndStore<NT, MT>(red, fb_count, ks_count, tile0, row0, row_end, p.n, p.c, p.n, false);
-    __syncthreads();
-  }
-}
-
-// The dynamic shared memory of an all-rows pass of 8 NT rows: its activation fragments
-// (kAllRowsUnits(NT) 2 KiB units), then the k-slices' partial sums in the same bytes.
-__host__ __device__ constexpr size_t AllRowsBytes(int nt) {
-  return size_t{2048} * kAllRowsUnits(nt) > sizeof(float) * kWarps * kTile * 8 * nt
-             ? size_t{2048} * kAllRowsUnits(nt)
-             : sizeof(float) * kWarps * kTile * 8 * nt;
-}
-
-// MmaGroupedKernel with the all-rows loop (WarpTileAllRows: 16 weight rows a warp, passes of 8 NT
-// rows, AllRowsBytes(NT) of dynamic shared memory): the same sums at the same k split.
-template <int NT, typename Format, typename Params>
-__global__ void __launch_bounds__(kThreads) MmaGroupedAllRowsKernel(Params p, int ks_count) {
-  extern __shared__ uint4 frag[];
-  __shared__ int work[3];
-  FindNonEmptyGroup(p.num_groups, p.max_rows, p.offsets, work);
-  const int group = work[0];
-  const int64_t row_begin = work[1], row_end = work[2];
-  if (row_begin >= row_end) return;
-  const int warp = threadIdx.x >> 5;
-  const int fb_count = kWarps / ks_count, fb = warp / ks_count, ks = warp % ks_count;
-  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * fb_count;
-  const typename Format::Matrix m = Format::GroupMatrix(p, group);
-  auto red = reinterpret_cast<float(*)[kTile][8 * NT]>(frag);
-  for (int64_t row0 = row_begin; row0 < row_end; row0 += 8 * NT) {
-    float acc[1][NT][4];
-    // Its first barrier also keeps the previous pass's partial sums until they are read.
-    WarpTileAllRows<NT, true, Format>(m, p.n, (tile0 + fb) * kTile, p.a, p.k, row0, row_end, p.k,
-                                      ks, ks_count, frag, acc);
-    __syncthreads();  // every warp is done with the fragments: the memory takes the partial sums
-    StoreFragments<NT, 1>(acc, red[warp]);
-    __syncthreads();
-    ReduceAndStore<NT, 1>(red, fb_count, ks_count, tile0, row0, row_end, p.n, p.c, p.n, false);
-  }
-}
-
 // k-slices per feature tile: the fewest that give the grid kTargetBlocks blocks of
 // (8 / ks) feature tiles of tile_rows each, without slices left with no k block.
 inline int KSplit(int64_t n, int64_t k, int64_t other_blocks, int tile_rows = kTile) {
@@ -609,17 +539,6 @@ inline int KSplit(int64_t n, int64_t k, int64_t other_blocks, int tile_rows = kT
 
 // Activation-row tiles of 8 per pass: 1, 2 or 4.
 inline int RowTiles(int64_t rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : 4; }
-
-// The grouped kernels' grid (feature-tile blocks x block rows of groups) and k split for p, with
-// feature tiles of tile_rows.
-template <typename Params>
-dim3 GroupedGrid(const Params& p, int k_split, int tile_rows, int* ks) {
-  const int64_t group_blocks = p.num_groups < p.max_rows ? p.num_groups : p.max_rows;
-  *ks = k_split > 0 ? k_split : KSplit(p.n, p.k, group_blocks, tile_rows);
-  const int64_t tiles = (p.n + tile_rows - 1) / tile_rows, per_block = kWarps / *ks;
-  return dim3(static_cast<unsigned>((tiles + per_block - 1) / per_block),
-              static_cast<unsigned>(group_blocks));
-}
 
 // Lets `kernel` take `bytes` of dynamic shared memory on the calling thread's device. `allowed_on`
 // is the launch site's bitmask of devices where that is done, so a launch costs a cudaGetDevice
@@ -641,115 +560,6 @@ inline cudaError_t AllowDynamicSmem(const void* kernel, size_t bytes,
   if (f.max_smem < static_cast<int>(bytes)) return cudaErrorInvalidValue;
   allowed_on->fetch_or(bit, std::memory_order_acq_rel);
   return cudaSuccess;
-}
-
-template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params>
-cudaError_t LaunchGroupedTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
-  const auto kernel = MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format, Params>;
-  if constexpr (kSharedB) {
-    static std::atomic<uint64_t> allowed_on{0};
-    const cudaError_t allowed =
-        AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kSharedBBytes, &allowed_on);
-    if (allowed != cudaSuccess) return allowed;
-  }
-  kernel<<<grid, kThreads, kSharedB ? kSharedBBytes : 0, stream>>>(p, ks);
-  return cudaGetLastError();
-}
-
-// NT chosen; the shared fragments where they fit, else per-warp loads (the same sums).
-template <int NT, int MT, bool kSharedB, int kMinBlocks, typename Format, typename Params>
-cudaError_t LaunchGroupedRows(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
-  if constexpr (kSharedB) {
-    if (SharedBFits(NT, ks)) {
-      return LaunchGroupedTiles<NT, MT, true, kMinBlocks, Format>(p, ks, grid, stream);
-    }
-  }
-  return LaunchGroupedTiles<NT, MT, false, kMinBlocks, Format>(p, ks, grid, stream);
-}
-
-template <int NT, typename Format, typename Params>
-cudaError_t LaunchGroupedAllRowsTiles(const Params& p, int ks, dim3 grid, cudaStream_t stream) {
-  constexpr size_t kBytes = AllRowsBytes(NT);
-  const auto kernel = MmaGroupedAllRowsKernel<NT, Format, Params>;
-  static std::atomic<uint64_t> allowed_on{0};
-  const cudaError_t allowed =
-      AllowDynamicSmem(reinterpret_cast<const void*>(kernel), kBytes, &allowed_on);
-  if (allowed != cudaSuccess) return allowed;
-  kernel<<<grid, kThreads, kBytes, stream>>>(p, ks);
-  return cudaGetLastError();
-}
-
-// Launches MmaGroupedAllRowsKernel for p: passes of 32, 64 or 128 rows by p's
-// rows_per_group_hint (max_rows where 0); the k split k_split's (a smaller pass where its
-// fragments would not fit kAllRowsUnits) or, with 0, KSplit's, capped where they would not fit.
-template <typename Format, typename Params>
-cudaError_t LaunchGroupedAllRows(const Params& p, int k_split, cudaStream_t stream) {
-  const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
-  int nt = hint <= 32 ? 4 : hint <= 64 ? 8 : 16;
-  if (k_split > 0) {
-    while (k_split * nt > kAllRowsUnits(nt)) nt /= 2;
-  }
-  int ks = 1;
-  GroupedGrid(p, k_split, kTile, &ks);
-  while (ks * nt > kAllRowsUnits(nt)) ks /= 2;
-  const dim3 grid = GroupedGrid(p, ks, kTile, &ks);
-  switch (nt) {
-    case 4:
-      return LaunchGroupedAllRowsTiles<4, Format>(p, ks, grid, stream);
-    case 8:
-      return LaunchGroupedAllRowsTiles<8, Format>(p, ks, grid, stream);
-    default:
-      return LaunchGroupedAllRowsTiles<16, Format>(p, ks, grid, stream);
-  }
-}
-
-// Launches MmaGroupedKernel<NT, MT, kSharedB, kMinBlocks, Format> for p (its num_groups,
-// max_rows, n, k and rows_per_group_hint); p.max_rows >= 1. k_split: warps splitting k (1, 2, 4
-// or 8, at most half the k blocks), 0: KSplit's choice.
-template <typename Format, int MT = 1, bool kSharedB = false, int kMinBlocks = 1, typename Params>
-cudaError_t LaunchGrouped(const Params& p, int k_split, cudaStream_t stream) {
-  int ks = 1;
-  const dim3 grid = GroupedGrid(p, k_split, kTile * MT, &ks);
-  const int hint = p.rows_per_group_hint > 0 ? p.rows_per_group_hint : p.max_rows;
-  switch (RowTiles(hint)) {
-    case 1:
-      return LaunchGroupedRows<1, MT, kSharedB, kMinBlocks, Format>(p, ks, grid, stream);
-    case 2:
-      return LaunchGroupedRows<2, MT, kSharedB, kMinBlocks, Format>(p, ks, grid, stream);
-    default:
-      return LaunchGroupedRows<4, MT, kSharedB, kMinBlocks, Format>(p, ks, grid, stream);
-  }
-}
-
-// The grouped register loop (LaunchGrouped) with the tile options of p.tile (wide,
-// shared_activations, two_blocks_per_sm; all_rows is the caller's to route): the kernel instance
-// each combination names.
-template <typename Format, int MT, bool kSharedB, typename Params>
-cudaError_t LaunchGroupedBlocks(const Params& p, int k_split, cudaStream_t stream) {
-  return p.tile.two_blocks_per_sm ? LaunchGrouped<Format, MT, kSharedB, 2>(p, k_split, stream)
-                                  : LaunchGrouped<Format, MT, kSharedB, 1>(p, k_split, stream);
-}
-
-template <typename Format, typename Params>
-cudaError_t LaunchGroupedTile(const Params& p, int k_split, cudaStream_t stream) {
-  if (p.tile.wide) {
-    return p.tile.shared_activations ? LaunchGroupedBlocks<Format, 2, true>(p, k_split, stream)
-                                     : LaunchGroupedBlocks<Format, 2, false>(p, k_split, stream);
-  }
-  return p.tile.shared_activations ? LaunchGroupedBlocks<Format, 1, true>(p, k_split, stream)
-                                   : LaunchGroupedBlocks<Format, 1, false>(p, k_split, stream);
-}
-
-// Whether this process has sm_80+ code for Format's grouped kernel on the current device (the
-// compute_75 PTX fallback has no bf16 MMA); the callers cache it.
-template <typename Format, typename Params>
-bool GroupedKernelHasMmaCode() {
-  cudaFuncAttributes attr;
-  if (cudaFuncGetAttributes(&attr, MmaGroupedKernel<1, 1, false, 1, Format, Params>) !=
-      cudaSuccess) {
-    return false;
-  }
-  return attr.binaryVersion >= 80 && attr.ptxVersion >= 80;
 }
 
 }  // namespace mma_tile

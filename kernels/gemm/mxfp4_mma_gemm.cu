@@ -18,6 +18,7 @@
 #include <limits>
 
 #include "kernels/common/streaming_load.cuh"
+#include "kernels/gemm/mma_grouped_kernel.cuh"
 #include "kernels/gemm/mma_weight_tile.cuh"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
 

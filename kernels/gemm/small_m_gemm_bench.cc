@@ -16,16 +16,19 @@
 //
 // "batch-invariant": the batch-invariant mode's dense GEMM candidates instead, at m = 1, 64, 128
 // and 256 bf16 rows of the same shapes (batch 1), each launch timed alone after the L2 flush:
-// cublasGemmEx (not batch-invariant: the floor) and kernels::BatchInvariantGemmTc (the mode's
-// dense kernel).
+// cublasGemmEx (not batch-invariant: the floor), kernels::BatchInvariantGemmTc and
+// kernels::BatchInvariantGemmPipelined (the mode's dense kernel where the device runs it).
 //
 // "v4": the same ways (small-m kernels, staged GEMV) on DeepSeek-V4-Flash's decode GEMVs at one
 // row (hidden 4096, q_lora 1024, 64 heads x 512, 8 output groups of o_lora 1024, 64 indexer heads
 // x 128, vocab 129280); the staged cases also q_b + index_q_b behind the q norm without a
 // residual add (the model's call), against AddRmsNormF32 + two small-m launches.
 //
-//   small_m_gemm_bench [staged | batch-invariant | v4]   (one line per case; exit status 1 on a
-//                                 CUDA error; "staged": RunStaged only)
+// "batch-invariant-tiles": the same at m = 1, 16, 32, 64, 128, 256, BatchInvariantGemmPipelined
+// also at each of its tiles (rows x columns: microseconds).
+//
+//   small_m_gemm_bench [staged | batch-invariant | batch-invariant-tiles | v4]   (one line per
+//                                 case; exit status 1 on a CUDA error; "staged": RunStaged only)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -427,8 +430,9 @@ class Bench {
     fills_.clear();
   }
 
-  // "batch-invariant": shape s (batch 1) at m bf16 rows, each way alone after the L2 flush.
-  void RunBatchInvariant(const Shape& s, int64_t m) {
+  // "batch-invariant": shape s (batch 1) at m bf16 rows, each way alone after the L2 flush. With
+  // all_tiles, also BatchInvariantGemmPipelined at each of its tiles (the same bits at each).
+  void RunBatchInvariant(const Shape& s, int64_t m, bool all_tiles) {
     const int64_t k = s.k, n = s.n;
     float* a = bench::Upload(bench::Uniform(m * k, 1));
     uint16_t* a16 = DeviceAlloc<uint16_t>(m * k * 2);
@@ -453,6 +457,22 @@ class Bench {
     if (kernels::BatchInvariantGemmTcSupports(b)) {
       const double t = MedianUs([&] { BENCH_CUDA(kernels::BatchInvariantGemmTc(b, nullptr)); });
       std::printf(" BatchInvariantGemmTc %8.2f us (%5.1f%%) |", t, pct(t));
+    }
+    if (kernels::BatchInvariantGemmPipelinedSupports(b)) {
+      const double t =
+          MedianUs([&] { BENCH_CUDA(kernels::BatchInvariantGemmPipelined(b, nullptr)); });
+      std::printf(" BatchInvariantGemmPipelined (%d splits) %8.2f us (%5.1f%%) |",
+                  kernels::BatchInvariantGemmSplits(1, n, k), t, pct(t));
+      for (const int columns : {64, 128}) {
+        for (const int rows : {16, 32, 64, 128}) {
+          if (all_tiles) {
+            const kernels::BatchInvariantGemmTile tile{rows, columns};
+            const double tt = MedianUs(
+                [&] { BENCH_CUDA(kernels::BatchInvariantGemmPipelined(b, nullptr, tile)); });
+            std::printf(" %dx%d %.2f |", rows, columns, tt);
+          }
+        }
+      }
     }
     std::printf("\n");
     std::fflush(stdout);
@@ -486,7 +506,9 @@ int main(int argc, char** argv) {
   using deepinfer::Shape;
   // "staged": only RunStaged (staged against small-m), for a short device run.
   const bool staged_only = argc > 1 && std::string(argv[1]) == "staged";
-  const bool batch_invariant = argc > 1 && std::string(argv[1]) == "batch-invariant";
+  const bool all_tiles = argc > 1 && std::string(argv[1]) == "batch-invariant-tiles";
+  const bool batch_invariant =
+      argc > 1 && (std::string(argv[1]) == "batch-invariant" || all_tiles);
   deepinfer::Bench bench;
   if (argc > 1 && std::string(argv[1]) == "v4") {
     const deepinfer::Bench::StagedCase v4_cases[] = {
@@ -531,7 +553,11 @@ int main(int argc, char** argv) {
   if (batch_invariant) {
     for (const Shape& s : shapes) {
       if (s.batch != 1) continue;
-      for (int64_t m : {1, 64, 128, 256}) bench.RunBatchInvariant(s, m);
+      if (all_tiles) {
+        for (int64_t m : {1, 16, 32, 64, 128, 256}) bench.RunBatchInvariant(s, m, true);
+      } else {
+        for (int64_t m : {1, 64, 128, 256}) bench.RunBatchInvariant(s, m, false);
+      }
     }
     return 0;
   }

@@ -9,11 +9,12 @@
 //                   mode's expert GEMMs at every size; its down GEMM)
 //   tc-bf16x-in     the same with x given in bf16 (x_bf16)
 //   bf16-mma        Bf16MmaGroupedGemm, bf16 x (the batch-invariant mode's expert GEMMs): the
-//                   mode's launch (k split 1, kBf16GroupedMmaTile, hint twice the average rows
-//                   an expert, at most the tokens), then the same with one change each: k split
-//                   2 or picked from the shape, the hint the average or the tokens, the wide
-//                   tile (wide+shared+2blocks, kGroupedMmaTile), all_rows (the mode's tile
-//                   from a hint above 64: not reached at these sizes)
+//                   mode's launch (k split 1, kBf16BatchInvariantTile, hint twice the average
+//                   rows an expert, at most the tokens), the same with the hint the average,
+//                   then kBf16GroupedMmaTile (every pass the hint's row tiles) with one change
+//                   each: none, k split 2 or picked from the shape, the hint the average or the
+//                   tokens, the wide tile (wide+shared+2blocks, kGroupedMmaTile), all_rows (the
+//                   mode's tile from a hint above 64: not reached at these sizes)
 //   planned-cN      PlanExpertGemmBatches + one cublasGemmBatchedEx over chunks of N rows
 //                   (padded layout, fixed batch ExpertGemmBatchBound; planner included), the
 //                   dummies spread between the real chunks, fp32 or bf16 ("b16") outputs;
@@ -215,11 +216,17 @@ void RunShape(const MoeShape& shape, Timer& timer, cublasHandle_t cublas) {
       const int32_t average = std::max(1, (rows + E - 1) / E);
       p.rows_per_group_hint = std::min(tokens, 2 * average);
       p.k_split = 1;
+      p.tile = kernels::kBf16BatchInvariantTile;
       struct Variant {
         const char* name;
         kernels::Bf16MmaGroupedGemmParams p;
       };
       std::vector<Variant> variants = {{"bf16-mma (mode)", p}};
+      variants.push_back({"bf16-mma rows by group, hint average", p});
+      variants.back().p.rows_per_group_hint = average;
+      // The mode's launch without rows_by_group: every pass the hint's row tiles.
+      p.tile = kernels::kBf16GroupedMmaTile;
+      variants.push_back({"bf16-mma hint's tiles", p});
       variants.push_back({"bf16-mma k_split 2", p});
       variants.back().p.k_split = 2;
       variants.push_back({"bf16-mma k_split from shape", p});

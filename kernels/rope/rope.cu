@@ -52,8 +52,10 @@ __device__ __forceinline__ RotatedPair RotatePair(const float* v, int64_t j, int
 // the lane's weights and inverse frequencies are loaded before the PDL wait (RmsNormRopePrefetch:
 // weights of the model), and up to kEarlyCosSinSlots slots a lane the cos/sin (which depend on
 // the position only) are computed before the norm's reduction; with kRopeWarpRows rows a block
-// (bandwidth-bound prefill rows, where those registers would cost occupancy) both come after it:
-// RmsNormRopeWideBody for one call's rows, RmsNormRopeBody<kPerLane, kRopeWarpRows> for a pair's.
+// (bandwidth-bound prefill rows, where those registers would cost occupancy) the weights and
+// inverse frequencies are read after it: RmsNormRopeWideBody for one call's rows (its cos/sin in
+// shared memory, once a block, where every block's rows are one token's; RmsNormRopeBf16Body for
+// bf16 rows, 2 a warp), RmsNormRopeBody<kPerLane, kRopeWarpRows> for a pair's.
 constexpr int kRopeWarpRows = 8;
 constexpr int64_t kRopeFewRows = 128;
 constexpr int kFewRowsWarpRows = 1;
@@ -62,6 +64,7 @@ constexpr int kEarlyCosSinSlots = 16;
 struct RmsNormRopeParams {
   int64_t rows = 0, heads = 0, dim = 0, rope_dim = 0;
   const float* x = nullptr;
+  const __nv_bfloat16* x_bf16 = nullptr;  // set: the rows are these bf16 values, x is not read
   int64_t ldx = 0;
   const float* weight = nullptr;
   float eps = 0.0f;
@@ -91,12 +94,66 @@ __device__ __forceinline__ void StoreWarpRow(const RmsNormRopeParams& p, int64_t
   }
 }
 
-// One call's rows at kRopeWarpRows rows a block (bandwidth-bound prefill rows): the weights and
-// inverse frequencies read and the cos/sin computed after the norm's reduction.
-template <int kPerLane>
-__device__ void RmsNormRopeWideBody(RmsNormRopeParams p) {
+// A warp's row after its loads (lane l holding elements l + 32 s in v): the norm with RmsNormF32's
+// one-warp reduction, the rope slice turned (cos / sin from cos_sin, the token's table, where
+// kTableCosSin; else computed here), the outputs stored. The weights and inverse frequencies are
+// read after the reduction (bandwidth-bound prefill rows: no registers held for them).
+template <int kPerLane, bool kTableCosSin>
+__device__ __forceinline__ void NormRopeStoreRow(const RmsNormRopeParams& p, int64_t row,
+                                                 float (&v)[kPerLane], const float2* cos_sin) {
   const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRopeWarpRows + threadIdx.x / 32;
+  const float inv = WarpRowInvRms<kPerLane>(v, p.dim, p.eps);
+  const int64_t base = p.dim - p.rope_dim;
+  const float pos = static_cast<float>(p.positions[row / p.heads]);
+  // The outputs into v first, then the stores: no store comes between the loads of weight and
+  // inv_freq, so they are all in flight together.
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int64_t i = lane + 32 * s;
+    float o = i < p.dim ? p.weight[i] * (v[s] * inv) : 0.0f;
+    const float partner = __shfl_xor_sync(0xffffffffu, o, 1);
+    if (i < p.dim && i >= base) {
+      float cs, sn;
+      if constexpr (kTableCosSin) {
+        const float2 c = cos_sin[(i - base) / 2];
+        cs = c.x, sn = c.y;
+      } else {
+        RopeCosSin(pos, p.inv_freq[(i - base) / 2], p.attention_factor, &cs, &sn);
+      }
+      o = (i & 1) == 0 ? RotatedFirst(o, partner, cs, sn) : RotatedSecond(partner, o, cs, sn);
+    }
+    v[s] = o;
+  }
+  // Every lane's loads came before this point, so writing in place (out == x) is safe.
+  StoreWarpRow<kPerLane>(p, row, v);
+}
+
+// The cos / sin of the rope pairs of token t into table (a thread a pair), then a barrier: every
+// thread of the block calls it.
+__device__ __forceinline__ void TokenCosSin(const RmsNormRopeParams& p, int64_t t, float2* table) {
+  const float pos = static_cast<float>(p.positions[t]);
+  for (int64_t j = threadIdx.x; j < p.rope_dim / 2; j += blockDim.x) {
+    float cs, sn;
+    RopeCosSin(pos, p.inv_freq[j], p.attention_factor, &cs, &sn);
+    table[j] = make_float2(cs, sn);
+  }
+  __syncthreads();
+}
+
+// One call's fp32 rows at kRopeWarpRows rows a block (bandwidth-bound prefill rows).
+// kTokenBlocks (heads a multiple of kRopeWarpRows, so each block's rows are one token's: a
+// query's heads): the block first computes that token's cos / sin into shared memory (once for
+// its 8 rows instead of in each row's rope slice, in double precision), then loads its rows;
+// no sincos is live beside a row's values, which keeps the registers a thread needs (and so the
+// rows in flight an SM holds) at what the norm needs. The same RopeCosSin either way: the same
+// bits.
+template <int kPerLane, bool kTokenBlocks>
+__device__ void RmsNormRopeWideBody(RmsNormRopeParams p) {
+  __shared__ float2 cos_sin[kTokenBlocks ? 16 * kPerLane : 1];  // rope_dim <= dim <= 32 kPerLane
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRopeWarpRows;
+  const int64_t row = first + threadIdx.x / 32;
+  if constexpr (kTokenBlocks) TokenCosSin(p, first / p.heads, cos_sin);
   if (row >= p.rows) return;  // the whole warp: no barrier or shuffle below misses a lane
   const float* xr = p.x + row * p.ldx;
   float v[kPerLane];
@@ -105,25 +162,54 @@ __device__ void RmsNormRopeWideBody(RmsNormRopeParams p) {
     const int64_t i = lane + 32 * s;
     v[s] = i < p.dim ? xr[i] : 0.0f;
   }
-  const float inv = WarpRowInvRms<kPerLane>(v, p.dim, p.eps);
-  const int64_t base = p.dim - p.rope_dim;
-  const float pos = static_cast<float>(p.positions[row / p.heads]);
-  // The outputs into v first, then the stores: no store comes between the loads of weight and
-  // inv_freq, so they are all in flight together (a decode row waits on one round of them).
+  NormRopeStoreRow<kPerLane, kTokenBlocks>(p, row, v, cos_sin);
+}
+
+// RmsNormRopeBf16's body: kBf16WarpRows rows a warp, kRopeWarpRows warps a block, each row read
+// as 4-byte words of two bf16 values (word t of lane l: elements 2 (l + 32 t) and the next), all
+// of the warp's rows' words loaded before the first row's arithmetic: a row's bf16 words take
+// half the registers of its fp32 values, so an SM holds twice the rows in flight for the same
+// registers. Each row's words are then moved by shuffles to RmsNormRopeWideBody's layout
+// (element l + 32 s in lane l) and that body's arithmetic runs on them (kTokenBlocks: heads a
+// multiple of the block's rows).
+constexpr int kBf16WarpRows = 2;
+constexpr int kBf16BlockRows = kRopeWarpRows * kBf16WarpRows;
+
+template <int kPerLane, bool kTokenBlocks>
+__device__ void RmsNormRopeBf16Body(RmsNormRopeParams p) {
+  constexpr int kWords = kPerLane / 2;
+  __shared__ float2 cos_sin[kTokenBlocks ? 16 * kPerLane : 1];
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kBf16BlockRows;
+  const int64_t row0 = first + (threadIdx.x / 32) * kBf16WarpRows;
+  if constexpr (kTokenBlocks) TokenCosSin(p, first / p.heads, cos_sin);
+  if (row0 >= p.rows) return;  // the whole warp
+  uint32_t w[kBf16WarpRows][kWords];
 #pragma unroll
-  for (int s = 0; s < kPerLane; ++s) {
-    const int64_t i = lane + 32 * s;
-    float o = i < p.dim ? p.weight[i] * (v[s] * inv) : 0.0f;
-    const float partner = __shfl_xor_sync(0xffffffffu, o, 1);
-    if (i < p.dim && i >= base) {
-      float cs, sn;
-      RopeCosSin(pos, p.inv_freq[(i - base) / 2], p.attention_factor, &cs, &sn);
-      o = (i & 1) == 0 ? RotatedFirst(o, partner, cs, sn) : RotatedSecond(partner, o, cs, sn);
+  for (int r = 0; r < kBf16WarpRows; ++r) {
+    const uint32_t* xr = reinterpret_cast<const uint32_t*>(p.x_bf16 + (row0 + r) * p.ldx);
+#pragma unroll
+    for (int t = 0; t < kWords; ++t) {
+      const int64_t word = lane + 32 * t;
+      w[r][t] = row0 + r < p.rows && 2 * word < p.dim ? xr[word] : 0u;
     }
-    v[s] = o;
   }
-  // Every lane's loads came before this point, so writing in place (out == x) is safe.
-  StoreWarpRow<kPerLane>(p, row, v);
+  const bool odd = (lane & 1) != 0;
+#pragma unroll
+  for (int r = 0; r < kBf16WarpRows; ++r) {
+    if (row0 + r >= p.rows) return;  // the whole warp
+    // Element l + 64 t is half (l & 1) of lane l / 2's word t; element l + 32 + 64 t the same
+    // half of lane 16 + l / 2's.
+    float v[kPerLane];
+#pragma unroll
+    for (int t = 0; t < kWords; ++t) {
+      const uint32_t a = __shfl_sync(0xffffffffu, w[r][t], lane >> 1);
+      const uint32_t b = __shfl_sync(0xffffffffu, w[r][t], 16 + (lane >> 1));
+      v[2 * t] = __uint_as_float(odd ? a & 0xffff0000u : a << 16);
+      v[2 * t + 1] = __uint_as_float(odd ? b & 0xffff0000u : b << 16);
+    }
+    NormRopeStoreRow<kPerLane, kTokenBlocks>(p, row0 + r, v, cos_sin);
+  }
 }
 
 // A lane's weights and inverse frequencies (0 outside the row / the rope slice), prefetched with a
@@ -467,17 +553,36 @@ cudaError_t LaunchRmsNormRopeRows(const RmsNormRopeParams& a, const RmsNormRopeP
                                                kWarpRows * 32>(grid, 0, stream, l);
 }
 
+// One call's rows in the 8-warp bodies: bf16 rows RmsNormRopeBf16Body (16 rows a block), fp32
+// rows RmsNormRopeWideBody (8), each with the token's cos / sin table where every block's rows
+// are one token's.
+template <int kPerLane>
+cudaError_t LaunchRmsNormRopeWide(const RmsNormRopeParams& a, cudaStream_t stream) {
+  const bool bf16 = a.x_bf16 != nullptr;
+  const int64_t block_rows = bf16 ? kBf16BlockRows : kRopeWarpRows;
+  const int64_t blocks = (a.rows + block_rows - 1) / block_rows;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const unsigned grid = static_cast<unsigned>(blocks);
+  constexpr int kThreads = kRopeWarpRows * 32;
+  if (a.heads % block_rows == 0) {
+    return bf16 ? LaunchAfterPrecedingGrids<RmsNormRopeBf16Body<kPerLane, true>, kThreads>(
+                      grid, 0, stream, a)
+                : LaunchAfterPrecedingGrids<RmsNormRopeWideBody<kPerLane, true>, kThreads>(
+                      grid, 0, stream, a);
+  }
+  return bf16 ? LaunchAfterPrecedingGrids<RmsNormRopeBf16Body<kPerLane, false>, kThreads>(grid, 0,
+                                                                                          stream, a)
+              : LaunchAfterPrecedingGrids<RmsNormRopeWideBody<kPerLane, false>, kThreads>(
+                    grid, 0, stream, a);
+}
+
 template <int kPerLane>
 cudaError_t LaunchRmsNormRopeFor(const RmsNormRopeParams& a, const RmsNormRopeParams& b,
                                  RopeRows rows_shape, cudaStream_t stream) {
-  if (rows_shape == RopeRows::kAuto && a.rows + b.rows <= kRopeFewRows)
+  // bf16 rows (one call): RmsNormRopeBf16Body at every row count.
+  if (a.x_bf16 == nullptr && rows_shape == RopeRows::kAuto && a.rows + b.rows <= kRopeFewRows)
     return LaunchRmsNormRopeRows<kPerLane, kFewRowsWarpRows>(a, b, stream);
-  if (b.rows == 0) {
-    const int64_t blocks = (a.rows + kRopeWarpRows - 1) / kRopeWarpRows;
-    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-    return LaunchAfterPrecedingGrids<RmsNormRopeWideBody<kPerLane>, kRopeWarpRows * 32>(
-        static_cast<unsigned>(blocks), 0, stream, a);
-  }
+  if (b.rows == 0) return LaunchRmsNormRopeWide<kPerLane>(a, stream);
   return LaunchRmsNormRopeRows<kPerLane, kRopeWarpRows>(a, b, stream);
 }
 
@@ -528,6 +633,24 @@ cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const 
   p.out_bf16 = reinterpret_cast<__nv_bfloat16*>(out), p.ldout = ldout;
   p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
   return LaunchRmsNormRope(p, RmsNormRopeParams{}, rows_shape, stream);
+}
+
+cudaError_t RmsNormRopeBf16(int64_t tokens, int64_t heads, int64_t dim, const uint16_t* x,
+                            int64_t ldx, const float* weight, float eps, uint16_t* out,
+                            int64_t ldout, int64_t rope_dim, const int32_t* positions,
+                            const float* inv_freq, float attention_factor, cudaStream_t stream) {
+  if (!RmsNormRopeSupported(tokens, heads, dim, rope_dim)) return cudaErrorInvalidValue;
+  if (tokens == 0) return cudaSuccess;
+  if (x == nullptr || out == nullptr || (x == out && ldx != ldout) || ldx % 2 != 0 ||
+      reinterpret_cast<uintptr_t>(x) % 4 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  RmsNormRopeParams p;
+  p.rows = tokens * heads, p.heads = heads, p.dim = dim, p.rope_dim = rope_dim;
+  p.x_bf16 = reinterpret_cast<const __nv_bfloat16*>(x), p.ldx = ldx, p.weight = weight;
+  p.eps = eps, p.out_bf16 = reinterpret_cast<__nv_bfloat16*>(out), p.ldout = ldout;
+  p.positions = positions, p.inv_freq = inv_freq, p.attention_factor = attention_factor;
+  return LaunchRmsNormRope(p, RmsNormRopeParams{}, RopeRows::kWide, stream);
 }
 
 bool RmsNormRopePairSupported(const RmsNormRopeRows& a, const RmsNormRopeRows& b,

@@ -50,6 +50,16 @@ cudaError_t RmsNormRopeToBf16(int64_t tokens, int64_t heads, int64_t dim, const 
                               int64_t ldout, int64_t rope_dim, const int32_t* positions,
                               const float* inv_freq, float attention_factor, cudaStream_t stream,
                               RopeRows rows_shape = RopeRows::kAuto);
+// RmsNormRopeToBf16 on rows given in bf16 (bits; widened to fp32 exactly): bit for bit
+// RmsNormRopeToBf16 on the widened rows. out may be x (in place, ldout == ldx); otherwise the
+// two must not overlap. The rows are read as 4-byte words, 2 rows a warp and 16 a block at every
+// row count: the prefill query of a bf16 model, whose q_b GEMM writes bf16 (half the bytes read
+// of RmsNormRopeToBf16, and no second buffer). Errors as RmsNormRopeToBf16, and
+// cudaErrorInvalidValue for x == out with ldx != ldout, an odd ldx or x not 4-byte aligned.
+cudaError_t RmsNormRopeBf16(int64_t tokens, int64_t heads, int64_t dim, const uint16_t* x,
+                            int64_t ldx, const float* weight, float eps, uint16_t* out,
+                            int64_t ldout, int64_t rope_dim, const int32_t* positions,
+                            const float* inv_freq, float attention_factor, cudaStream_t stream);
 
 // Two RmsNormRopeF32 calls in one launch (a's rows, then b's; blocks per the rows of both, as
 // RopeRows says): bit for bit RmsNormRopeF32 on a, then on b, with the same eps, rope_dim,

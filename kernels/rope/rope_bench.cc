@@ -5,12 +5,13 @@
 // median of 20 calls (launch overhead included) and the time per call of kGraphCalls calls
 // recorded back to back in one CUDA graph (the decode step's setting: neighbours overlap
 // through programmatic dependent launch). Then the query and the key row of a decode token as
-// two calls and as one RmsNormRopePairF32.
+// two calls and as one RmsNormRopePairF32. Then a prefill query's rows (RunPrefill).
 #include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <utility>
 #include <vector>
@@ -114,6 +115,70 @@ void RunPair() {
   }
 }
 
+// A V4-Flash prefill query of kPrefillTokens tokens (64 heads x 512, rope 64; the step's rows of
+// 4096 tokens of one sequence, positions 0...) three ways: RmsNormRopeF32 in place, fp32 in to
+// bf16 out (RmsNormRopeToBf16, what the bf16 model ran with the q_b GEMM's fp32 output) and bf16
+// in place (RmsNormRopeBf16, with the q_b GEMM's bf16 output). Eager median per call and the
+// bytes read and written over it.
+void RunPrefill() {
+  constexpr int64_t kPrefillTokens = 4096, kHeads = 64, kDim = 512;
+  const int64_t n = kPrefillTokens * kHeads * kDim;
+  // A random chunk repeated over the rows (no host buffer of the whole query).
+  const std::vector<float> chunk = bench::Uniform(kHeads * kDim, 1);
+  std::vector<uint16_t> chunk16(chunk.size());
+  for (size_t i = 0; i < chunk.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &chunk[i], sizeof(bits));
+    chunk16[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  float* x = bench::DeviceAlloc<float>(n * sizeof(float));
+  uint16_t* x16 = bench::DeviceAlloc<uint16_t>(n * sizeof(uint16_t));
+  uint16_t* out16 = bench::DeviceAlloc<uint16_t>(n * sizeof(uint16_t));
+  for (int64_t t = 0; t < kPrefillTokens; ++t) {
+    BENCH_CUDA(cudaMemcpy(x + t * kHeads * kDim, chunk.data(), chunk.size() * sizeof(float),
+                          cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(x16 + t * kHeads * kDim, chunk16.data(),
+                          chunk16.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  }
+  float* ones = bench::Upload(std::vector<float>(kDim, 1.0f));
+  std::vector<float> inv_freq(kRope / 2);
+  for (int64_t j = 0; j < kRope / 2; ++j) {
+    inv_freq[j] = static_cast<float>(std::pow(10000.0, -2.0 * j / kRope));
+  }
+  float* inv = bench::Upload(inv_freq);
+  std::vector<int32_t> positions(kPrefillTokens);
+  for (int64_t t = 0; t < kPrefillTokens; ++t) positions[t] = static_cast<int32_t>(t);
+  int32_t* pos = bench::Upload(positions);
+  const auto f32 = [&] {
+    return kernels::RmsNormRopeF32(kPrefillTokens, kHeads, kDim, x, kDim, ones, 1e-6f, x, kDim,
+                                   kRope, pos, inv, 1.0f, nullptr);
+  };
+  const auto to16 = [&] {
+    return kernels::RmsNormRopeToBf16(kPrefillTokens, kHeads, kDim, x, kDim, ones, 1e-6f, out16,
+                                      kDim, kRope, pos, inv, 1.0f, nullptr);
+  };
+  const auto bf16 = [&] {
+    return kernels::RmsNormRopeBf16(kPrefillTokens, kHeads, kDim, x16, kDim, ones, 1e-6f, x16, kDim,
+                                    kRope, pos, inv, 1.0f, nullptr);
+  };
+  struct Case {
+    const char* what;
+    std::function<cudaError_t()> call;
+    int64_t bytes_per_value;  // read + written
+  };
+  for (const Case& c :
+       {Case{"fp32->fp32", f32, 8}, Case{"fp32->bf16", to16, 6}, Case{"bf16->bf16", bf16, 4}}) {
+    const double ms = bench::MedianMs(c.call);
+    std::printf("norm_rope prefill %-10s tokens %lld x 64 x 512  %9.1f us  %7.0f GB/s\n", c.what,
+                static_cast<long long>(kPrefillTokens), ms * 1e3,
+                static_cast<double>(n * c.bytes_per_value) / (ms * 1e6));
+  }
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(x16), static_cast<void*>(out16),
+                  static_cast<void*>(ones), static_cast<void*>(inv), static_cast<void*>(pos)}) {
+    BENCH_CUDA(cudaFree(p));
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer
 
@@ -124,5 +189,6 @@ int main() {
   deepinfer::Run("rows", 65, 512);
   deepinfer::Run("rows", 129, 512);
   deepinfer::RunPair();
+  deepinfer::RunPrefill();
   return 0;
 }

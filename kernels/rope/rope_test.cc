@@ -290,11 +290,13 @@ TEST(RopeKernelTest, NormRopeCacheAbsorbQueryMatchesCpuAndTheTwoLaunches) {
 // Arguments outside NormRopeCacheAbsorbQuerySupported launch nothing and say so.
 // RmsNormRopeF32 against CpuBackend's RmsNorm + ApplyRope, and bit for bit against the two
 // kernels it replaces (RmsNormF32, ApplyRopeF32); RmsNormRopeToBf16 bit for bit its values
-// rounded: DeepSeek-V4's query (1 and 3 tokens x 64 heads
-// of 512, rope 64, normed in place), its key and compressed entries (one head of 512 and of 128),
-// rows not a multiple of 32 wide and padded row strides, each warp-row size (up to 2048), row
+// rounded; RmsNormRopeBf16 (bf16 rows in) against the CPU on the widened rows and bit for bit
+// RmsNormRopeToBf16 on them (rows of an even stride): DeepSeek-V4's query (1 and 3 tokens x 64
+// heads of 512, rope 64, normed in place), its key and compressed entries (one head of 512 and of
+// 128), rows not a multiple of 32 wide and padded row strides, each warp-row size (up to 2048), row
 // counts on both sides of the few-rows launch shape's limit (128), each launch shape
-// (RopeRows::kAuto, kWide).
+// (RopeRows::kAuto, kWide), blocks within one token (16 heads: the shared cos/sin of 8 fp32 or
+// 16 bf16 rows) and across tokens (12 heads), an odd count of rows.
 TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
@@ -306,7 +308,8 @@ TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
                         Case{37, 1, 512, 64, 512, false}, Case{5, 1, 128, 64, 128, false},
                         Case{9, 3, 200, 16, 205, false}, Case{4, 2, 1000, 64, 1000, true},
                         Case{2, 2, 2048, 64, 2052, false}, Case{1, 65, 512, 64, 512, true},
-                        Case{1, 129, 128, 64, 128, false}, Case{1, 1, 512, 64, 512, true}}) {
+                        Case{1, 129, 128, 64, 128, false}, Case{1, 1, 512, 64, 512, true},
+                        Case{20, 16, 512, 64, 512, true}, Case{21, 12, 512, 64, 520, false}}) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message()
                  << "tokens " << c.tokens << " heads " << c.heads << " dim " << c.dim << " rope "
@@ -371,7 +374,70 @@ TEST(RopeKernelTest, RmsNormRopeMatchesCpuAndTheTwoKernels) {
       }
     }
     EXPECT_EQ(wrong, 0) << "bf16 output differs from RmsNormRopeF32's rounded";
+
+    // bf16 rows in: the CPU's RmsNorm + ApplyRope of the widened rows within the output's
+    // rounding, and bit for bit RmsNormRopeToBf16 on the widened rows (in place where the case
+    // is; the padding between rows untouched). An odd row stride is refused (4-byte words).
+    if (c.ld % 2 != 0) {
+      DeviceArray<uint16_t> dx16(std::vector<uint16_t>(n, 0));
+      EXPECT_EQ(cudaErrorInvalidValue,
+                kernels::RmsNormRopeBf16(c.tokens, c.heads, c.dim, dx16.get(), c.ld, dw.get(), eps,
+                                         dx16.get(), c.ld, c.rope, dpos.get(), dinv.get(), factor,
+                                         nullptr));
+      continue;
+    }
+    std::vector<uint16_t> x16(n);
+    std::vector<float> widened(n);
+    for (int64_t e = 0; e < n; ++e) {
+      x16[e] = FloatToBf16Bits(x[e]);
+      widened[e] = Bf16BitsToFloat(x16[e]);
+    }
+    std::vector<float> want_w = widened;
+    cpu.RmsNorm(rows, c.dim, widened.data(), c.ld, w.data(), eps, want_w.data(), c.ld);
+    cpu.ApplyRope(c.tokens, c.heads, want_w.data() + c.dim - c.rope, c.heads * c.ld, c.ld, c.rope,
+                  positions.data(), inv_freq.data(), factor, /*interleaved=*/true);
+    DeviceArray<float> dwidened(widened);
+    DeviceArray<uint16_t> ref16(std::vector<uint16_t>(n, kUntouched));
+    DEEPINFER_CUDA_OK(kernels::RmsNormRopeToBf16(c.tokens, c.heads, c.dim, dwidened.get(), c.ld,
+                                                 dw.get(), eps, ref16.get(), c.ld, c.rope,
+                                                 dpos.get(), dinv.get(), factor, nullptr));
+    std::vector<uint16_t> input16 = x16;
+    if (!c.in_place) {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = c.dim; i < c.ld; ++i) input16[r * c.ld + i] = kUntouched;
+      }
+    }
+    DeviceArray<uint16_t> dx16(input16), dout16(std::vector<uint16_t>(n, kUntouched));
+    uint16_t* out16 = c.in_place ? dx16.get() : dout16.get();
+    DEEPINFER_CUDA_OK(kernels::RmsNormRopeBf16(c.tokens, c.heads, c.dim, dx16.get(), c.ld, dw.get(),
+                                               eps, out16, c.ld, c.rope, dpos.get(), dinv.get(),
+                                               factor, nullptr));
+    std::vector<uint16_t> from16, want16;
+    DEEPINFER_CUDA_OK((c.in_place ? dx16 : dout16).Download(&from16));
+    DEEPINFER_CUDA_OK(ref16.Download(&want16));
+    std::vector<float> got_w, cpu_w;
+    wrong = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < c.ld; ++i) {
+        const int64_t e = r * c.ld + i;
+        if (i >= c.dim) {
+          // In place the padding keeps the input's bits; otherwise it is untouched.
+          wrong += from16[e] != (c.in_place ? x16[e] : kUntouched);
+          continue;
+        }
+        wrong += from16[e] != want16[e];
+        got_w.push_back(Bf16BitsToFloat(from16[e]));
+        cpu_w.push_back(want_w[e]);
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "bf16 rows in: not RmsNormRopeToBf16 on the widened rows";
+    EXPECT_TRUE(AllClose(got_w, cpu_w, 1e-6, 1.0 / 256)) << "bf16 rows in: against the CPU";
   }
+  EXPECT_EQ(cudaErrorInvalidValue,
+            kernels::RmsNormRopeBf16(1, 2, 64, reinterpret_cast<const uint16_t*>(16), 64, nullptr,
+                                     1e-6f, reinterpret_cast<uint16_t*>(16), 80, 16, nullptr,
+                                     nullptr, 1.0f, nullptr))
+      << "in place with another row stride";
   EXPECT_FALSE(kernels::RmsNormRopeSupported(1, 1, 2049, 64));
   EXPECT_FALSE(kernels::RmsNormRopeSupported(1, 1, 512, 63));
   EXPECT_FALSE(kernels::RmsNormRopeSupported(1, 1, 64, 128));

@@ -1,6 +1,7 @@
 // SinkAttentionF32: the kernel choice, the split count, the launches, the CUDA-core kernel and
 // the split combine, and the compact bf16 copy of the entries (SinkAttentionEntriesToBf16). The
-// tensor-core kernels are sink_attention_mma.cuh and sink_attention_bf16_rows.cuh, compiled here.
+// tensor-core kernels are sink_attention_mma.cuh, sink_attention_bf16_rows.cuh and
+// sink_attention_prefill.cuh, compiled here.
 //
 // CUDA-core kernel (CoreBody): one block of 8 warps per (token, 16 heads, split). Q of the 16
 // heads sits in shared memory; the token's rows go through in tiles of 32 (rows padded to dim + 1
@@ -26,6 +27,7 @@
 #include "kernels/v4/sink_attention.h"
 #include "kernels/v4/sink_attention_bf16_rows.cuh"
 #include "kernels/v4/sink_attention_mma.cuh"
+#include "kernels/v4/sink_attention_prefill.cuh"
 #include "kernels/v4/sink_attention_rows.cuh"
 
 namespace deepinfer {
@@ -235,6 +237,7 @@ using sink::kCoreThreads;
 using sink::kMmaHeads;
 using sink::kMmaThreads;
 using sink::MmaShape;
+using sink::PrefillShape;
 using sink::RowsShape;
 
 bool Aligned(const void* ptr, size_t bytes) {
@@ -242,7 +245,10 @@ bool Aligned(const void* ptr, size_t bytes) {
 }
 
 bool ParamsOk(const SinkAttentionParams& p) {
-  if (p.tokens < 0 || p.num_splits < 0 || p.num_splits > kMaxSinkAttentionSplits) return false;
+  if (p.tokens < 0 || p.num_splits < 0 || p.num_splits > kMaxSinkAttentionSplits ||
+      p.prefill_blocks < 0) {
+    return false;
+  }
   if (p.tokens == 0) return true;
   if (p.heads < 1 || p.dim < 1 || (p.q == nullptr && p.q_bf16 == nullptr) || p.kv == nullptr ||
       p.positions == nullptr || p.window_len == nullptr || p.step_start == nullptr ||
@@ -304,6 +310,8 @@ const void* MmaKernel(SinkAttentionKernel k) {
       return reinterpret_cast<const void*>(EntryKernel<sink::MmaBody<true>, kMmaThreads>());
     case SinkAttentionKernel::kTensorCoreBf16Rows:
       return reinterpret_cast<const void*>(EntryKernel<sink::MmaRowsBody, kMmaThreads>());
+    case SinkAttentionKernel::kTensorCoreBf16Prefill:
+      return reinterpret_cast<const void*>(EntryKernel<sink::PrefillBody, kMmaThreads>());
     default:
       return reinterpret_cast<const void*>(EntryKernel<sink::MmaBody<false>, kMmaThreads>());
   }
@@ -315,6 +323,8 @@ size_t MmaSmemBytes(SinkAttentionKernel k) {
       return MmaShape<true>::kSmemBytes;
     case SinkAttentionKernel::kTensorCoreBf16Rows:
       return RowsShape::kSmemBytes;
+    case SinkAttentionKernel::kTensorCoreBf16Prefill:
+      return PrefillShape::kSmemBytes;
     default:
       return MmaShape<false>::kSmemBytes;
   }
@@ -343,7 +353,8 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
   // The bf16 forms are the bf16 tensor-core kernels'.
   const bool bf16_io = p.q_bf16 != nullptr || p.out_bf16 != nullptr;
   if (bf16_io && ((kernel != SinkAttentionKernel::kTensorCoreBf16 &&
-                   kernel != SinkAttentionKernel::kTensorCoreBf16Rows) ||
+                   kernel != SinkAttentionKernel::kTensorCoreBf16Rows &&
+                   kernel != SinkAttentionKernel::kTensorCoreBf16Prefill) ||
                   (p.q_bf16 != nullptr && !Aligned(p.q_bf16, 16)) ||
                   (p.out_bf16 != nullptr && !Aligned(p.out_bf16, 4)))) {
     return false;
@@ -357,7 +368,8 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
     }
     case SinkAttentionKernel::kTensorCoreExact:
     case SinkAttentionKernel::kTensorCoreBf16:
-    case SinkAttentionKernel::kTensorCoreBf16Rows: {
+    case SinkAttentionKernel::kTensorCoreBf16Rows:
+    case SinkAttentionKernel::kTensorCoreBf16Prefill: {
       // Rows move in 16-byte pieces: every row start (and, for an entry spread over blocks,
       // every block's) 16-byte aligned.
       if (p.dim != kSinkAttentionMmaDim || !Aligned(p.q, 16) || !Aligned(p.kv, 16) ||
@@ -367,14 +379,23 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
            (!Aligned(p.entries.data, 16) || p.entries.block_floats % 4 != 0))) {
         return false;
       }
-      // The bf16 copies (kTensorCoreBf16Rows; the others ignore them) move in 16-byte pieces
-      // of 8 values too.
-      if (kernel == SinkAttentionKernel::kTensorCoreBf16Rows &&
+      // One split, the token's selection within shared memory.
+      if (kernel == SinkAttentionKernel::kTensorCoreBf16Prefill &&
+          (p.num_splits > 1 ||
+           (p.selected != nullptr && p.selected_stride > kPrefillMaxSelected))) {
+        return false;
+      }
+      // The bf16 copies (kTensorCoreBf16Rows, kTensorCoreBf16Prefill; the others ignore them)
+      // move in 16-byte pieces of 8 values too.
+      const bool reads_copies = kernel == SinkAttentionKernel::kTensorCoreBf16Rows ||
+                                kernel == SinkAttentionKernel::kTensorCoreBf16Prefill;
+      if (reads_copies &&
           ((p.kv_bf16 != nullptr && !Aligned(p.kv_bf16, 16)) ||
            (p.ring_bf16 != nullptr && (!Aligned(p.ring_bf16, 16) || p.ring_stride % 8 != 0)) ||
            (p.entries_bf16.data != nullptr &&
             (p.entries.data == nullptr || !Aligned(p.entries_bf16.data, 16) ||
-             p.entries.block_floats % 8 != 0 ||
+             p.entries.block_floats % 8 != 0 || p.entries_bf16.seq_stride < 0 ||
+             p.entries_bf16.seq_stride % 8 != 0 ||
              (p.entries_bf16.block_tables != nullptr && p.entries_bf16.table_stride < 0))))) {
         return false;
       }
@@ -389,6 +410,10 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
 SinkAttentionKernel SinkAttentionKernelFor(const SinkAttentionParams& p) {
   if (p.kernel != SinkAttentionKernel::kAuto) {
     return SinkAttentionKernelRuns(p, p.kernel) ? p.kernel : SinkAttentionKernel::kAuto;
+  }
+  if (p.out_bf16 != nullptr &&
+      SinkAttentionKernelRuns(p, SinkAttentionKernel::kTensorCoreBf16Prefill)) {
+    return SinkAttentionKernel::kTensorCoreBf16Prefill;
   }
   if (HasBf16Rows(p) && SinkAttentionKernelRuns(p, SinkAttentionKernel::kTensorCoreBf16Rows)) {
     return SinkAttentionKernel::kTensorCoreBf16Rows;
@@ -419,6 +444,7 @@ cudaError_t SinkAttentionSplits(const SinkAttentionParams& p, int32_t* splits) {
   }
   const SinkAttentionKernel k = SinkAttentionKernelFor(p);
   if (k == SinkAttentionKernel::kAuto) return cudaErrorInvalidValue;
+  if (k == SinkAttentionKernel::kTensorCoreBf16Prefill) return cudaSuccess;  // one split
   const bool core = k == SinkAttentionKernel::kCudaCore;
   const KernelFacts f =
       core ? KernelFactsForCurrentDevice(CoreKernel(p.dim), kAllSharedMemory)
@@ -487,9 +513,20 @@ cudaError_t SinkAttentionF32(const SinkAttentionParams& p, cudaStream_t stream) 
     }
   }
   const int64_t per_block = HeadsPerBlock(k);
-  const dim3 grid(static_cast<unsigned>(p.tokens),
-                  static_cast<unsigned>((p.heads + per_block - 1) / per_block),
-                  static_cast<unsigned>(splits));
+  const int64_t head_blocks = (p.heads + per_block - 1) / per_block;
+  dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(head_blocks),
+            static_cast<unsigned>(splits));
+  if (k == SinkAttentionKernel::kTensorCoreBf16Prefill) {
+    // Blocks that take several tokens each: one per SM over the head groups by default.
+    int64_t blocks = p.prefill_blocks;
+    if (blocks == 0) {
+      const KernelFacts f =
+          KernelFactsForCurrentDevice(MmaKernel(k), static_cast<int>(MmaSmemBytes(k)));
+      if (f.error != cudaSuccess) return f.error;
+      blocks = std::max<int64_t>(1, f.sms / head_blocks);
+    }
+    grid.x = static_cast<unsigned>(std::min(p.tokens, blocks));
+  }
   switch (k) {
     case SinkAttentionKernel::kCudaCore:
       e = p.dim <= 128   ? LaunchCore<4>(grid, p, splits, stream)
@@ -508,6 +545,10 @@ cudaError_t SinkAttentionF32(const SinkAttentionParams& p, cudaStream_t stream) 
     case SinkAttentionKernel::kTensorCoreBf16Rows:
       e = LaunchAfterPrecedingGrids<sink::MmaRowsBody, kMmaThreads>(grid, RowsShape::kSmemBytes,
                                                                     stream, p, splits);
+      break;
+    case SinkAttentionKernel::kTensorCoreBf16Prefill:
+      e = LaunchAfterPrecedingGrids<sink::PrefillBody, kMmaThreads>(
+          grid, PrefillShape::kSmemBytes, stream, p, splits);
       break;
     case SinkAttentionKernel::kAuto:
       return cudaErrorInvalidValue;

@@ -28,16 +28,20 @@ namespace kernels {
 // entries.block_floats values, token t's entry element e at
 //   data[tables[token_seq[t] * table_stride + e / block_floats] * block_floats + e % block_floats]
 // (the entries' own block tables and stride where block_tables is null: a copy of the whole
-// stream in its layout).
+// stream in its layout). seq_stride > 0 says more (SinkAttentionEntriesToBf16's layout): block-
+// table row s's stream lies contiguously from data + s * seq_stride, so element e of token t's
+// stream is data[token_seq[t] * seq_stride + e]; kTensorCoreBf16Prefill then reads no table.
 struct SinkEntriesBf16 {
   const uint16_t* data = nullptr;
   const int32_t* block_tables = nullptr;
   int64_t table_stride = 0;
+  int64_t seq_stride = 0;
 };
 
 // Which kernel SinkAttentionF32 runs.
 enum class SinkAttentionKernel : int32_t {
-  // kTensorCoreExact where it runs (SinkAttentionKernelRuns), else kCudaCore; with q_bf16 or
+  // kTensorCoreExact where it runs (SinkAttentionKernelRuns), else kCudaCore; with out_bf16
+  // (a prefill: one split), kTensorCoreBf16Prefill where it runs; else with q_bf16 or
   // out_bf16, kTensorCoreBf16; with a bf16 copy of a row buffer (kv_bf16, ring_bf16,
   // entries_bf16), kTensorCoreBf16Rows.
   kAuto = 0,
@@ -51,7 +55,8 @@ enum class SinkAttentionKernel : int32_t {
   kTensorCoreExact = 2,
   // The same shapes with Q, K = V and P rounded to bf16 (one MMA per product; each operand
   // carries bf16's rounding, up to 2^-8 relative): the fast kernel for bf16 models. The only
-  // kernel that takes q_bf16 and out_bf16 (SinkAttentionTakesBf16Io), with kTensorCoreBf16Rows.
+  // kernel that takes q_bf16 and out_bf16 (SinkAttentionTakesBf16Io), with kTensorCoreBf16Rows and
+  // kTensorCoreBf16Prefill.
   kTensorCoreBf16 = 3,
   // kTensorCoreBf16's arithmetic, bit for bit its output, for the same shapes (and q_bf16,
   // out_bf16), with its key rows read from bf16 copies of their buffers where the params give
@@ -59,6 +64,12 @@ enum class SinkAttentionKernel : int32_t {
   // others converted as kTensorCoreBf16 converts them, into a double-buffered key tile (one
   // block barrier per tile instead of two).
   kTensorCoreBf16Rows = 4,
+  // kTensorCoreBf16's operands and shapes (and q_bf16, out_bf16, the bf16 row copies) with one
+  // split only and a selection stride of at most kPrefillMaxSelected: the prefill's kernel. Its
+  // warps divide the work otherwise (sink_attention_prefill.cuh: scores over all dims per warp,
+  // P through shared memory, 64-row key tiles), so its sums run in another order: its output
+  // equals kTensorCoreBf16's within bf16 rounding of P, not bit for bit.
+  kTensorCoreBf16Prefill = 5,
 };
 
 // The largest dim kCudaCore takes.
@@ -67,6 +78,9 @@ constexpr int64_t kMaxSinkAttentionDim = 1024;
 constexpr int64_t kSinkAttentionMmaDim = 512;
 // The largest num_splits.
 constexpr int32_t kMaxSinkAttentionSplits = 32;
+// The largest selected_stride kTensorCoreBf16Prefill takes (the token's selection is kept in
+// its shared memory).
+constexpr int64_t kPrefillMaxSelected = 2048;
 
 // V4Ops::SinkAttention's arguments (worker/backend/v4_ops.h: SinkAttentionArgs) and what the
 // kernels add. Query t of head h attends over, in this order, its window (positions
@@ -90,10 +104,13 @@ struct SinkAttentionParams : SinkAttentionArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   SinkAttentionKernel kernel = SinkAttentionKernel::kAuto;
-  // bf16 copies of the key rows' buffers, read only by kTensorCoreBf16Rows (the other kernels
-  // ignore them): each the bits of its buffer's values rounded to bf16 (nearest even, as
-  // RoundF32ToBf16 rounds), kv's and the ring's at the same element offsets, the entries' in
-  // SinkEntriesBf16's layout; a row whose buffer has a copy is read from it, with the same
+  // kTensorCoreBf16Prefill's blocks per group of 64 heads, each taking every such block count's
+  // token in turn (0: one per SM, at most one per token). Tests and the benchmark set it.
+  int32_t prefill_blocks = 0;
+  // bf16 copies of the key rows' buffers, read only by kTensorCoreBf16Rows and
+  // kTensorCoreBf16Prefill (the other kernels ignore them): each the bits of its buffer's values
+  // rounded to bf16 (nearest even, as RoundF32ToBf16 rounds), kv's and the ring's at the same
+  // element offsets, the entries' in SinkEntriesBf16's layout; a row whose buffer has a copy is read from it, with the same
   // result. Each may be absent (that buffer's rows are read in fp32); each given one 16-byte
   // aligned; ring_bf16 needs ring_stride a multiple of 8 and entries_bf16 the entries'
   // block_floats a multiple of 8. Only the rows the tokens read need to hold their values.
@@ -103,10 +120,12 @@ struct SinkAttentionParams : SinkAttentionArgs {
 };
 
 // Whether the bf16 tensor-core kernels take q_bf16 and out_bf16 for queries of this dim on the
-// current device (dim 512, sm_80+, the shared memory of both): params with them run on
-// kTensorCoreBf16 or kTensorCoreBf16Rows (16-byte aligned q_bf16, 4-byte aligned out_bf16;
-// 16-byte aligned, it is written in 16-byte pieces) and one split (num_splits 0 or 1); kAuto
-// picks kTensorCoreBf16 for them (kTensorCoreBf16Rows with a bf16 copy of a row buffer).
+// current device (dim 512, sm_80+, the shared memory of the first two): params with them run on
+// kTensorCoreBf16, kTensorCoreBf16Rows or kTensorCoreBf16Prefill (16-byte aligned q_bf16,
+// 4-byte aligned out_bf16; 16-byte aligned, it is written in 16-byte pieces) and one split
+// (num_splits 0 or 1); kAuto picks kTensorCoreBf16Prefill for out_bf16 where it runs (a
+// selection stride up to kPrefillMaxSelected), else kTensorCoreBf16 (kTensorCoreBf16Rows with a
+// bf16 copy of a row buffer).
 bool SinkAttentionTakesBf16Io(int64_t dim);
 
 // Whether `kernel` (not kAuto) runs these params on the current device: the shape and pointer
@@ -133,7 +152,7 @@ int64_t SinkAttentionEntriesBf16Values(const V4PagedRows& entries, int64_t table
 // nearest even, into block s * table_stride + j of data (SinkAttentionEntriesBf16Values values),
 // whose index goes to tables[s * table_stride + j] ([table_rows, table_stride] int32). The
 // result is the entries_bf16 of params with these entries (block_tables = tables, table_stride
-// = entries.table_stride). cudaErrorInvalidValue for a missing pointer or table_rows < 0.
+// = entries.table_stride, seq_stride = entries.table_stride * entries.block_floats). cudaErrorInvalidValue for a missing pointer or table_rows < 0.
 cudaError_t SinkAttentionEntriesToBf16(const V4PagedRows& entries, int64_t table_rows,
                                        uint16_t* data, int32_t* tables, cudaStream_t stream);
 

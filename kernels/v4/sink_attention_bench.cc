@@ -25,13 +25,21 @@
 //                                 prefill rows every one);
 //   tensor_core_bf16_rows_io_all  with bf16 copies of every row buffer (kv, ring, stream);
 //   tensor_core_bf16_rows_io_kv_entries  with the copy of this step's keys and the compact copy
-//                                 of the entries' blocks (the backend's prefill call), after
-//                                 a line timing that copy (SinkAttentionEntriesToBf16);
+//                                 of the entries' blocks, after a line timing that copy
+//                                 (SinkAttentionEntriesToBf16);
+//   tensor_core_bf16_prefill_io   kTensorCoreBf16Prefill reading every row in fp32;
+//   tensor_core_bf16_prefill_io_kv  with a bf16 copy of this step's keys;
+//   tensor_core_bf16_prefill_io_kv_entries  with it and the compact copy of the entries read
+//                                 without its tables (seq_stride: the backend's prefill call);
+//   tensor_core_bf16_prefill_io_per_token  the _kv_entries call with a block per token
+//                                 (prefill_blocks = tokens) instead of one per SM taking tokens
+//                                 in turn;
 // (their bytes counted as the fp32 variants'): the mean per call of 10 calls captured in one
 // CUDA graph and replayed 5 times (as the decode step runs it), the eager median of 20, and the
 // bytes each call must read and write (the rows, Q, the output; the prefill's shared rows once)
-// per second in the graph, against the H200's 4.8 TB/s. `splits`: also every forced split count
-// of 1, 2, 4, 8 and 16.
+// per second in the graph, against the H200's 4.8 TB/s, and the products' TFLOP/s (4 FLOP per
+// row, head and dim: scores and values). `splits`: also every forced split count
+// of 1, 2, 4, 8 and 16; `prefill`: the prefill rows alone.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -70,6 +78,8 @@ const char* KernelName(SinkAttentionKernel k) {
       return "tensor_core_bf16";
     case SinkAttentionKernel::kTensorCoreBf16Rows:
       return "tensor_core_bf16_rows";
+    case SinkAttentionKernel::kTensorCoreBf16Prefill:
+      return "tensor_core_bf16_prefill";
     case SinkAttentionKernel::kAuto:
       break;
   }
@@ -207,6 +217,11 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
   const double bytes = row_bytes + static_cast<double>(batch) *
                                        (2.0 * kHeads * kDim * sizeof(float) +
                                         (layer.selected ? layer.chosen * sizeof(int32_t) : 0));
+  // The products: scores and values, 2 FLOP per multiply-add, over every token's rows.
+  double flops = 0.0;
+  for (int64_t t = 0; t < batch; ++t) {
+    flops += 4.0 * static_cast<double>(window_len[t] + layer.chosen) * kHeads * kDim;
+  }
   char name[64];
   std::snprintf(name, sizeof(name), "%s%s b%lld rows%lld", layer.name, prefill ? "_prefill" : "",
                 static_cast<long long>(batch), static_cast<long long>(attended));
@@ -229,29 +244,43 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
   }
   // The kernels, then the bf16 kernel with the bf16 query and output (one split; 16-byte, then
   // 4-byte aligned output), then kTensorCoreBf16Rows with it (no bf16 copies, kv's, all, kv's
-  // and the compact entries).
-  for (int variant = 0; variant < 9; ++variant) {
+  // and the compact entries), then kTensorCoreBf16Prefill (no copies, kv's, kv's and the
+  // compact entries with their seq_stride).
+  for (int variant = 0; variant < 13; ++variant) {
     const bool bf16_io = variant >= 3, aligned4 = variant == 4, rows = variant >= 5;
+    const bool prefill_kernel = variant >= 9;
     const SinkAttentionKernel k =
-        rows      ? SinkAttentionKernel::kTensorCoreBf16Rows
-        : bf16_io ? SinkAttentionKernel::kTensorCoreBf16
+        prefill_kernel ? SinkAttentionKernel::kTensorCoreBf16Prefill
+        : rows         ? SinkAttentionKernel::kTensorCoreBf16Rows
+        : bf16_io      ? SinkAttentionKernel::kTensorCoreBf16
                   : std::array<SinkAttentionKernel, 3>{SinkAttentionKernel::kTensorCoreExact,
                                                        SinkAttentionKernel::kTensorCoreBf16,
                                                        SinkAttentionKernel::kCudaCore}[variant];
-    const char* kname = variant == 5   ? "tensor_core_bf16_rows_io"
-                        : variant == 6 ? "tensor_core_bf16_rows_io_kv"
-                        : variant == 7 ? "tensor_core_bf16_rows_io_all"
-                        : variant == 8 ? "tensor_core_bf16_rows_io_kv_entries"
-                        : aligned4     ? "tensor_core_bf16_io_a4"
-                        : bf16_io      ? "tensor_core_bf16_io"
-                                       : KernelName(k);
+    const char* kname = variant == 5    ? "tensor_core_bf16_rows_io"
+                        : variant == 6  ? "tensor_core_bf16_rows_io_kv"
+                        : variant == 7  ? "tensor_core_bf16_rows_io_all"
+                        : variant == 8  ? "tensor_core_bf16_rows_io_kv_entries"
+                        : variant == 9  ? "tensor_core_bf16_prefill_io"
+                        : variant == 10 ? "tensor_core_bf16_prefill_io_kv"
+                        : variant == 11 ? "tensor_core_bf16_prefill_io_kv_entries"
+                        : variant == 12 ? "tensor_core_bf16_prefill_io_per_token"
+                        : aligned4      ? "tensor_core_bf16_io_a4"
+                        : bf16_io       ? "tensor_core_bf16_io"
+                                        : KernelName(k);
     kernels::SinkAttentionParams kp = p;
     kp.kernel = k;
-    if (variant >= 6) kp.kv_bf16 = kv_bf16;
-    if (variant == 8) {
-      if (compact == nullptr) continue;  // no entries
-      kp.entries_bf16 = {compact, compact_tables, p.entries.table_stride};
+    if (variant >= 6 && variant != 9) kp.kv_bf16 = kv_bf16;
+    if (variant == 8 || variant >= 11) {
+      if (compact != nullptr) {
+        kp.entries_bf16 = {compact, compact_tables, p.entries.table_stride};
+        if (variant >= 11) {
+          kp.entries_bf16.seq_stride = p.entries.table_stride * p.entries.block_floats;
+        }
+      } else if (variant != 12) {
+        continue;  // no entries: the same call as without them
+      }
     }
+    if (variant == 12) kp.prefill_blocks = static_cast<int32_t>(batch);
     if (variant == 7) {
       kp.ring_bf16 = ring_bf16;
       kp.entries_bf16.data = entries_bf16;
@@ -282,9 +311,9 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
       const double gbs = bytes / (graph_ms * 1e-3) / 1e9;
       std::printf(
           "%-26s %-36s splits %2d%s graph %8.2f us  eager %8.2f us  %7.1f GB/s  %5.1f%% of "
-          "%.1f TB/s\n",
+          "%.1f TB/s  %6.1f TFLOP/s\n",
           name, kname, used, splits == 0 ? " (auto)" : "       ", graph_ms * 1e3, eager_ms * 1e3,
-          gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0);
+          gbs, 100.0 * gbs / kPeakGBs, kPeakGBs / 1000.0, flops / (graph_ms * 1e-3) / 1e12);
     }
   }
   BENCH_CUDA(cudaDeviceSynchronize());
@@ -295,7 +324,9 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
 }  // namespace deepinfer
 
 int main(int argc, char** argv) {
+  // `splits`: the split sweep too; `prefill`: only the prefill rows.
   const bool sweep = argc > 1 && std::strcmp(argv[1], "splits") == 0;
+  const bool prefill_only = argc > 1 && std::strcmp(argv[1], "prefill") == 0;
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Blocks of 16 positions: CSA (ratio 4) 4 entries = 2048 floats a block, HCA (ratio 128)
@@ -307,6 +338,7 @@ int main(int argc, char** argv) {
       {"window", 0, 0, false, 0},
   };
   for (const deepinfer::Layer& layer : layers) {
+    if (prefill_only) break;
     for (int64_t batch : {1, 64, 128, 4096}) deepinfer::Run(batch, layer, false, sweep, stream);
   }
   for (const deepinfer::Layer& layer : layers) deepinfer::Run(4096, layer, true, sweep, stream);

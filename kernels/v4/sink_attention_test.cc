@@ -10,9 +10,10 @@
 // head counts that do not fill a block, the fixtures' small shape (4 heads x 64), tokens with no
 // window, no entries or neither, sinks large (the sink takes almost all the weight) and small;
 // every kernel that runs the shape, each with one split, chosen splits and forced 3 and 32
-// splits; at dim 512 the bf16 kernel with a bf16 query and a rotated bf16 output
-// (ExpectBf16QueryAndOutputMatch), and kTensorCoreBf16Rows with none, some and all of its bf16
-// copies of the row buffers, bit for bit kTensorCoreBf16's output. Ring rows, stream blocks and
+// splits (kTensorCoreBf16Prefill: one split); at dim 512 the bf16 kernels with a bf16 query and
+// a rotated bf16 output (ExpectBf16QueryAndOutputMatch), and kTensorCoreBf16Rows with none, some
+// and all of its bf16 copies of the row buffers, bit for bit kTensorCoreBf16's output
+// (kTensorCoreBf16Prefill with the same copies, against the CPU). Ring rows, stream blocks and
 // slots outside every list are NaN (in the bf16 copies too), so a kernel reading one fails.
 // (Somewhat over 800 lines: one harness builds these layouts for every kernel and copy set, and
 // splitting the file would mean a second copy of it.)
@@ -349,22 +350,25 @@ struct DeviceBf16Rows {
            compact_status == cudaSuccess;
   }
   // Set s of kSets in p: none; kv's; the stream's; all (the ring's where its stride allows);
-  // kv's and the compact copy of the entries (the backend's prefill call).
-  static constexpr int kSets = 5;
+  // kv's and the compact copy of the entries through its tables, then also with its seq_stride
+  // (the backend's prefill call; kTensorCoreBf16Prefill reads no table then).
+  static constexpr int kSets = 6;
   static const char* SetName(int s) {
-    static const char* const kNames[kSets] = {"no bf16 copies", "kv_bf16", "entries_bf16",
-                                              "all bf16 copies", "kv_bf16, compact entries_bf16"};
+    static const char* const kNames[kSets] = {
+        "no bf16 copies",  "kv_bf16", "entries_bf16", "all bf16 copies",
+        "kv_bf16, compact entries_bf16", "kv_bf16, compact entries_bf16 with seq_stride"};
     return kNames[s];
   }
   void Set(int s, kernels::SinkAttentionParams* p) const {
-    p->kv_bf16 = s == 1 || s == 3 || s == 4 ? kv.get() : nullptr;
+    p->kv_bf16 = s == 1 || s == 3 || s >= 4 ? kv.get() : nullptr;
     p->ring_bf16 = s == 3 && ring_usable ? ring.get() : nullptr;
     p->entries_bf16 = {};
     if (s == 2 || s == 3) p->entries_bf16.data = stream.get();
-    if (s == 4) {
+    if (s >= 4) {
       p->entries_bf16.data = compact.get();
       p->entries_bf16.block_tables = compact_tables.get();
       p->entries_bf16.table_stride = p->entries.table_stride;
+      if (s == 5) p->entries_bf16.seq_stride = p->entries.table_stride * p->entries.block_floats;
     }
   }
   DeviceArray<uint16_t> kv, ring, stream;
@@ -392,6 +396,8 @@ const char* KernelName(SinkAttentionKernel k) {
       return "tensor_core_bf16";
     case SinkAttentionKernel::kTensorCoreBf16Rows:
       return "tensor_core_bf16_rows";
+    case SinkAttentionKernel::kTensorCoreBf16Prefill:
+      return "tensor_core_bf16_prefill";
     case SinkAttentionKernel::kAuto:
       break;
   }
@@ -406,8 +412,9 @@ const char* KernelName(SinkAttentionKernel k) {
 //    kernel's tolerance plus the output's rounding (2^-9 of a value, at most its magnitude; a
 //    rotated pair's magnitude is factor x the sum of its two);
 //  * more than one split with out_bf16, or the other kernels with either, are refused.
-//  * kTensorCoreBf16Rows with out_bf16 and each set of bf16 copies: kTensorCoreBf16's bits (kAuto
-//    picks it where a copy is given).
+//  * kTensorCoreBf16Rows with out_bf16 and each set of bf16 copies: kTensorCoreBf16's bits;
+//  * kTensorCoreBf16Prefill (kAuto's pick with out_bf16) with each set of bf16 copies: bit for
+//    bit its own fp32 output rotated and rounded, and against the CPU as kTensorCoreBf16.
 void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& want_bf16,
                                    const std::vector<double>& mag, DeviceInputs* dev,
                                    const DeviceBf16Rows& rows16, DeviceArray<float>* workspace) {
@@ -456,8 +463,14 @@ void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& w
   DEEPINFER_CUDA_OK(kernels::ApplyRopeF32(in.tokens, in.heads, dev->out.get() + D - rd,
                                           in.heads * D, D, rd, dneg.get(), dinv.get(), factor,
                                           /*interleaved=*/true, nullptr));
-  std::vector<float> fp32_path;
+  std::vector<float> fp32_path, prefill_fp32_path;
   DEEPINFER_CUDA_OK(dev->out.Download(&fp32_path));
+  p.kernel = SinkAttentionKernel::kTensorCoreBf16Prefill;
+  DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(p, nullptr));
+  DEEPINFER_CUDA_OK(kernels::ApplyRopeF32(in.tokens, in.heads, dev->out.get() + D - rd,
+                                          in.heads * D, D, rd, dneg.get(), dinv.get(), factor,
+                                          /*interleaved=*/true, nullptr));
+  DEEPINFER_CUDA_OK(dev->out.Download(&prefill_fp32_path));
   // The CPU's: the bf16 kernel's reference rotated back.
   CpuBackend cpu(1);
   std::vector<float> want(want_bf16);
@@ -484,7 +497,8 @@ void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& w
       pb.out_rope_inv_freq = dinv.get();
       pb.out_rope_factor = factor;
       pb.num_splits = splits;
-      EXPECT_EQ(kernels::SinkAttentionKernelFor(pb), SinkAttentionKernel::kTensorCoreBf16);
+      EXPECT_EQ(kernels::SinkAttentionKernelFor(pb), SinkAttentionKernel::kTensorCoreBf16Prefill);
+      pb.kernel = SinkAttentionKernel::kTensorCoreBf16;
       size_t need = 1;
       ASSERT_EQ(kernels::SinkAttentionWorkspaceBytes(pb, &need), cudaSuccess);
       EXPECT_EQ(need, 0u);
@@ -513,13 +527,40 @@ void ExpectBf16QueryAndOutputMatch(const Inputs& in, const std::vector<float>& w
                      << "tensor_core_bf16_rows, " << set << " " << DeviceBf16Rows::SetName(set));
         kernels::SinkAttentionParams pr = pb;
         rows16.Set(set, &pr);
-        if (set == 0) pr.kernel = SinkAttentionKernel::kTensorCoreBf16Rows;
+        pr.kernel = SinkAttentionKernel::kTensorCoreBf16Rows;
         EXPECT_EQ(kernels::SinkAttentionKernelFor(pr), SinkAttentionKernel::kTensorCoreBf16Rows);
         out16.Poison();
         DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(pr, nullptr));
         std::vector<uint16_t> rows_all16;
         DEEPINFER_CUDA_OK(out16.Download(&rows_all16));
         EXPECT_TRUE(rows_all16 == all16) << "not kTensorCoreBf16's bf16 output, bit for bit";
+      }
+      for (int set = 0; set < DeviceBf16Rows::kSets; ++set) {
+        SCOPED_TRACE(::testing::Message()
+                     << "tensor_core_bf16_prefill, " << set << " " << DeviceBf16Rows::SetName(set));
+        kernels::SinkAttentionParams pr = pb;
+        rows16.Set(set, &pr);
+        pr.kernel = SinkAttentionKernel::kAuto;
+        pr.prefill_blocks = set % 2 == 1 ? 2 : 0;  // every other token per block: the same bits
+        EXPECT_EQ(kernels::SinkAttentionKernelFor(pr),
+                  SinkAttentionKernel::kTensorCoreBf16Prefill);
+        out16.Poison();
+        DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(pr, nullptr));
+        std::vector<uint16_t> pre_all16;
+        DEEPINFER_CUDA_OK(out16.Download(&pre_all16));
+        int64_t pre_outside = 0, pre_differ = 0;
+        for (int64_t i = 0; i < static_cast<int64_t>(pre_all16.size()); ++i) {
+          pre_outside += (i < offset || i >= offset + n) && pre_all16[i] != 0xFFFFu;
+        }
+        EXPECT_EQ(pre_outside, 0);
+        std::vector<float> pre(n);
+        for (int64_t i = 0; i < n; ++i) {
+          const uint16_t bits = pre_all16[offset + i];
+          pre_differ += bits != FloatToBf16Bits(prefill_fp32_path[i]);
+          pre[i] = Bf16BitsToFloat(bits);
+        }
+        EXPECT_EQ(pre_differ, 0) << "not its fp32 output rotated and rounded, bit for bit";
+        EXPECT_TRUE(WithinMagnitude(pre, want, rotated_mag, 1.0 / 256 + 1e-4 + 1.0 / 256));
       }
       pb.num_splits = 3;
       EXPECT_EQ(kernels::SinkAttentionF32(pb, nullptr), cudaErrorInvalidValue);
@@ -562,7 +603,8 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
   std::vector<std::vector<float>> bf16_out;
   for (SinkAttentionKernel k :
        {SinkAttentionKernel::kCudaCore, SinkAttentionKernel::kTensorCoreExact,
-        SinkAttentionKernel::kTensorCoreBf16, SinkAttentionKernel::kTensorCoreBf16Rows}) {
+        SinkAttentionKernel::kTensorCoreBf16, SinkAttentionKernel::kTensorCoreBf16Rows,
+        SinkAttentionKernel::kTensorCoreBf16Prefill}) {
     kernels::SinkAttentionParams p = dev.p;
     p.kernel = k;
     const bool mma = k != SinkAttentionKernel::kCudaCore;
@@ -572,14 +614,26 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
         << KernelName(k);
     if (!runs) continue;
     const bool rows_kernel = k == SinkAttentionKernel::kTensorCoreBf16Rows;
-    const std::vector<int32_t> split_counts = {0, 1, 3, kernels::kMaxSinkAttentionSplits};
+    // kTensorCoreBf16Prefill: one split only (3 is refused), every set of bf16 copies; with one
+    // block per token and with 3 blocks taking every third token each.
+    const bool prefill = k == SinkAttentionKernel::kTensorCoreBf16Prefill;
+    const bool copies = rows_kernel || prefill;
+    if (prefill) {
+      p.num_splits = 3;
+      EXPECT_FALSE(kernels::SinkAttentionKernelRuns(p, k));
+    }
+    const std::vector<int32_t> split_counts =
+        prefill ? std::vector<int32_t>{0, 1}
+                : std::vector<int32_t>{0, 1, 3, kernels::kMaxSinkAttentionSplits};
     for (size_t si = 0; si < split_counts.size(); ++si) {
-      for (int set = 0; set < (rows_kernel ? DeviceBf16Rows::kSets : 1); ++set) {
+      for (int set = 0; set < (copies ? DeviceBf16Rows::kSets : 1); ++set) {
         SCOPED_TRACE(::testing::Message() << KernelName(k) << " num_splits " << split_counts[si]
-                                          << (rows_kernel ? ", " : "")
-                                          << (rows_kernel ? DeviceBf16Rows::SetName(set) : ""));
+                                          << (prefill && si == 1 ? ", 3 blocks" : "")
+                                          << (copies ? ", " : "")
+                                          << (copies ? DeviceBf16Rows::SetName(set) : ""));
         p.num_splits = split_counts[si];
-        if (rows_kernel) {
+        p.prefill_blocks = prefill && si == 1 ? 3 : 0;
+        if (copies) {
           rows16.Set(set, &p);
           ASSERT_TRUE(kernels::SinkAttentionKernelRuns(p, k));
         }
@@ -593,7 +647,7 @@ TEST_P(SinkAttentionKernelTest, MatchesCpuV4Ops) {
         DEEPINFER_CUDA_OK(kernels::SinkAttentionF32(p, nullptr));
         std::vector<float> got;
         DEEPINFER_CUDA_OK(dev.out.Download(&got));
-        if (k == SinkAttentionKernel::kTensorCoreBf16 || rows_kernel) {
+        if (k == SinkAttentionKernel::kTensorCoreBf16 || copies) {
           EXPECT_TRUE(WithinMagnitude(got, want_bf16, mag, 1.0 / 256 + 1e-4));
         } else {
           EXPECT_TRUE(WithinMagnitude(got, want, mag, mma ? 1e-3 : 2e-4));

@@ -9,10 +9,17 @@
 // dsv4_mix these are printed). bf16 weights: the
 // logit error against HF float32 printed (to set beside tools/parity/hf_bf16_error.py's HF bf16
 // figure) and the teacher-forced greedy agreement of the V3 bf16 tests asserted (the CPU
-// backend's bf16 V4 agrees on 68 / 72 and 69 / 72 positions). Skips itself without a GPU.
+// backend's bf16 V4 agrees on 68 / 72 and 69 / 72 positions); the bf16 prefill path's sizes
+// (heads of 512, 600 tokens) against the CPU backend on dummy weights. Skips itself without a
+// GPU.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <memory>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,8 +28,12 @@
 #include "kernels/testing/gpu_test_util.h"
 #include "tests/parity/parity_checks.h"
 #include "tests/parity/v4_parity_runs.h"
+#include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/cuda_v4_ops.h"
+#include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/deepseek_v4/deepseek_v4_model.h"
+#include "worker/model/model_loader.h"
 
 namespace deepinfer {
 namespace {
@@ -161,6 +172,115 @@ TEST_P(CudaV4Bf16ParityTest, LogitErrorPrintedAndTeacherForcedGreedyMostlyMatche
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaV4Bf16ParityTest,
                          ::testing::Values("dsv4_bf16", "dsv4_mix"));
+
+// A model at the sizes of the bf16 prefill path (V4Ops::TakesBf16Attention: heads of 512, from
+// CudaV4Ops::kBf16AttentionMinTokens tokens a step), where the query is q_b's bf16 output
+// (Backend::GemmToBf16) normed and roped in place, o_a's products go to o_b in bf16
+// (Backend::BatchedGemmToBf16) and attention runs the bf16 prefill kernel: dsv4_bf16's
+// architecture with heads of 512 (rope 64; the indexer's heads of 128) and dummy weights, one
+// 600-token prefill, on the GPU in bf16, on the CPU backend in bf16 and in fp32. The fp32 run is
+// the reference (the CPU backend's fp32 V4 has HF parity: deepseek_v4_parity_test); a row's
+// error is max |logit - fp32 logit| over the row's max |fp32 logit|. The GPU's bf16 errors must be
+// of the size of the CPU's bf16 errors (both round the weights and activations to bf16, at
+// different places): the median and 90th-percentile row errors within twice the CPU bf16's, and
+// the argmax the fp32 run's on at least as many rows as the CPU bf16 run less 5% of the rows.
+TEST(CudaV4Bf16PrefillTest, BigHeadsPrefillMatchesTheCpuBackend) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const Fixture fx = LoadFixture("dsv4_bf16");
+  std::ifstream in(fx.dir + "/config.json");
+  ASSERT_TRUE(in.good()) << fx.dir;
+  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto set = [&json](const std::string& from, const std::string& to) {
+    size_t at = 0, n = 0;
+    while ((at = json.find(from, at)) != std::string::npos) {
+      json.replace(at, from.size(), to);
+      at += to.size();
+      ++n;
+    }
+    return n;
+  };
+  ASSERT_EQ(set("\"head_dim\": 32", "\"head_dim\": 512"), 1u);
+  ASSERT_EQ(set("\"qk_rope_head_dim\": 8", "\"qk_rope_head_dim\": 64"), 1u);
+  ASSERT_EQ(set("\"partial_rotary_factor\": 0.25", "\"partial_rotary_factor\": 0.125"), 3u);
+  ASSERT_EQ(set("\"index_head_dim\": 16", "\"index_head_dim\": 128"), 1u);  // >= the rope's 64
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/v4_big_heads.json";
+  {
+    std::ofstream out(path);
+    out << json;
+    ASSERT_TRUE(out.good()) << path;
+  }
+  const std::string model = "dummy:" + path + "@5";
+  constexpr int64_t kTokens = 600;
+  ASSERT_GE(kTokens, CudaV4Ops::kBf16AttentionMinTokens);
+  std::vector<int32_t> ids(kTokens);
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<int32_t> token(2, 999);
+  for (int32_t& id : ids) id = token(gen);
+  auto run = [&](Backend* backend) -> absl::StatusOr<std::vector<float>> {
+    auto m = LoadModel(model, backend);
+    if (!m.ok()) return m.status();
+    auto dtype = ResolveKvCacheDType("auto", backend->weight_dtype());
+    if (!dtype.ok()) return dtype.status();
+    auto spec = (*m)->CacheSpec().WithDType(*dtype);
+    if (!spec.ok()) return spec.status();
+    auto pool = KvBlockPool::Create(backend, {*spec, 64, 16});
+    if (!pool.ok()) return pool.status();
+    return RunInSteps(m->get(), pool->get(), ids, /*chunk=*/0);
+  };
+  auto gpu = CudaBackend::Create(0, WeightDType::kBFloat16);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_TRUE((*gpu)->v4_ops()->TakesBf16Attention(kTokens, 4, 512));
+  auto got = run(gpu->get());
+  ASSERT_TRUE(got.ok()) << got.status();
+  CpuBackend cpu16(4, WeightDType::kBFloat16);
+  auto bf16 = run(&cpu16);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  CpuBackend cpu32(4, WeightDType::kFloat32);
+  auto want = run(&cpu32);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(got->size(), want->size());
+  ASSERT_EQ(bf16->size(), want->size());
+  const int64_t vocab = static_cast<int64_t>(want->size()) / kTokens;
+  ASSERT_EQ(vocab * kTokens, static_cast<int64_t>(want->size()));
+  struct Errors {
+    double median = 0, p90 = 0, max = 0;
+    int64_t argmax_match = 0;
+  };
+  auto errors = [&](const std::vector<float>& run_logits) {
+    std::vector<double> rel(kTokens);
+    Errors e;
+    for (int64_t t = 0; t < kTokens; ++t) {
+      const float* g = run_logits.data() + t * vocab;
+      const float* c = want->data() + t * vocab;
+      double err = 0, scale = 0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        EXPECT_TRUE(std::isfinite(g[v])) << "row " << t << " logit " << v;
+        err = std::max(err, std::abs(static_cast<double>(g[v]) - c[v]));
+        scale = std::max(scale, std::abs(static_cast<double>(c[v])));
+      }
+      rel[t] = scale > 0 ? err / scale : err;
+      e.argmax_match += ArgmaxRow(g, vocab) == ArgmaxRow(c, vocab);
+    }
+    std::sort(rel.begin(), rel.end());
+    e.median = rel[kTokens / 2];
+    e.p90 = rel[kTokens * 9 / 10];
+    e.max = rel.back();
+    return e;
+  };
+  const Errors gpu_err = errors(*got), cpu_err = errors(*bf16);
+  for (const auto& [name, e] : {std::pair<const char*, Errors>{"cuda bf16", gpu_err},
+                                std::pair<const char*, Errors>{"cpu bf16", cpu_err}}) {
+    std::printf(
+        "[bf16-prefill] %s, heads of 512, %lld tokens, against the CPU in fp32: rows' rel error "
+        "median %.3e, p90 %.3e, max %.3e; argmax equal on %lld rows\n",
+        name, static_cast<long long>(kTokens), e.median, e.p90, e.max,
+        static_cast<long long>(e.argmax_match));
+  }
+  EXPECT_LE(gpu_err.median, 2 * cpu_err.median);
+  EXPECT_LE(gpu_err.p90, 2 * cpu_err.p90);
+  EXPECT_GE(gpu_err.argmax_match, cpu_err.argmax_match - kTokens / 20);
+}
 
 }  // namespace
 }  // namespace deepinfer

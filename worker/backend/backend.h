@@ -530,6 +530,23 @@ class Backend {
                                  int64_t lda, WeightView w, int64_t ldw, uint16_t* out) {
     return false;
   }
+  // Gemm (no accumulate) whose [m, n] result is rounded to bf16 (nearest even; bits) into c (row
+  // stride ldc), as a bf16 nn.Linear rounds its output: half the bytes of an fp32 c for the op
+  // that reads it. Returns false, having done nothing, where the backend has no such path for
+  // these arguments (the default); the caller then runs Gemm.
+  virtual bool GemmToBf16(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
+                          WeightView w, int64_t ldw, uint16_t* c, int64_t ldc) {
+    return false;
+  }
+  // BatchedGemm whose results are rounded to bf16 (bits) into c as GemmToBf16 rounds them: a
+  // bf16 operand for the next Gemm (ActivationView::Bf16) with no fp32 c written, read and
+  // rounded between the two. False, nothing done, where the backend has no such path (the
+  // default); the caller then runs BatchedGemm.
+  virtual bool BatchedGemmToBf16(int64_t batch, int64_t m, int64_t n, int64_t k, ActivationView a,
+                                 int64_t lda, int64_t stride_a, WeightView w, int64_t ldw,
+                                 int64_t stride_w, uint16_t* c, int64_t ldc, int64_t stride_c) {
+    return false;
+  }
 
   // ---- Embedding and permutation -----------------------------------------------------------
   // dst[r, :] = src[idx[r], :], rows of width dim.

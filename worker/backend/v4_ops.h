@@ -223,8 +223,12 @@ struct NormRopeArgs {
   const float* inv_freq = nullptr;     // [rope_dim / 2]
   float attention_factor = 1.0f;
   // Set (only where V4Ops::TakesBf16Attention says so, with out null): the values rounded to
-  // bf16 (nearest even; bits) go here instead of out, [tokens * heads, dim], not overlapping x.
+  // bf16 (nearest even; bits) go here instead of out, [tokens * heads, dim], not overlapping x
+  // (x_bf16: either that or x_bf16 itself, in place).
   uint16_t* out_bf16 = nullptr;
+  // Set (only with out_bf16): the rows are these bf16 values (bits, widened to fp32 exactly),
+  // [tokens * heads, dim], and x is not read.
+  const uint16_t* x_bf16 = nullptr;
 };
 
 class V4Ops {
@@ -268,6 +272,14 @@ class V4Ops {
   // [rows, 2 * inter] (gate then up), limit <= 0: no clamp.
   virtual void SwiGluClamped(int64_t rows, int64_t inter, const float* x, float limit,
                              float* out) = 0;
+  // SwiGluClamped of bf16 rows x (bits, widened exactly), each output rounded to bf16 (nearest
+  // even; bits) into out: between a gate_up GEMM's bf16 output (Backend::GemmToBf16) and the
+  // down GEMM's bf16 operand, as a bf16 model rounds both. False (nothing done) where the
+  // backend has no such kernel (the default).
+  virtual bool SwiGluClampedBf16(int64_t rows, int64_t inter, const uint16_t* x, float limit,
+                                 uint16_t* out) {
+    return false;
+  }
 };
 
 }  // namespace deepinfer

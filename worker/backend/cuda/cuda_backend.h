@@ -102,14 +102,19 @@ struct CudaTuning {
   // same way whatever the batch size and the row's place in it, so a request's logprobs do not
   // depend on the requests batched with it. Each op keeps one path for all row counts (no
   // small-m, staged-GEMV, cuBLAS or fused-kernel choice by rows; no split chosen by the batch):
-  //  * bf16 Gemm / BatchedGemm / GroupedGemm: kernels::BatchInvariantGemmTc (bf16 tensor cores,
-  //    a rounded to bf16 as in the default mode), kernels::BatchInvariantGemmWarp for fp32
-  //    weights and layouts the tensor-core kernel does not take; FP8 Gemm: kernels::Fp8MmaGemm
+  //  * bf16 Gemm / BatchedGemm / GroupedGemm: kernels::BatchInvariantGemmPipelined (bf16 tensor
+  //    cores, a rounded to bf16 first as in the default mode, a k split fixed by the shape), on
+  //    devices without its sm_90 clusters kernels::BatchInvariantGemmTc, and
+  //    kernels::BatchInvariantGemmWarp for fp32 weights and layouts neither takes; FP8 Gemm:
+  //    kernels::Fp8MmaGemm
   //    with a fixed k split (kBatchInvariantFp8KSplit; its tile by rows as below, every tile
   //    giving the same bits at a fixed split), else the weight dequantised to bf16;
   //  * AddRmsNormGemms, GateUpSiluMulBf16, NormedDenseMlp, RoutedAndSharedExperts,
   //    NormRopeCacheAbsorbQuery, MhaPrefillAttention: the Backend's separate ops;
-  //  * RouteTokens: AddRmsNorm + Gemm + NoauxTcRoute + AccumulateExpertCounts;
+  //  * RouteTokens: AddRmsNorm + kernels::RouteTokensF32 at every token count, in calls of at
+  //    most kernels::kMaxFusedRouterTokens tokens (each logit summed in one order for every
+  //    tile and token count; the counts in the call, or after the calls in one
+  //    AccumulateExpertCounts);
   //  * RoutedExperts: the device path for every batch, the expert GEMMs on
   //    kernels::Bf16MmaGroupedGemm with a fixed k split (kBatchInvariantBf16KSplit) and the
   //    activations in bf16 (as the default mode's cuBLAS expert GEMMs take them; bf16 weights)
@@ -197,14 +202,6 @@ class CudaBackend : public Backend {
   // CudaTuning::batch_invariant: kernels::Bf16MmaGroupedGemm's warps per k (the routed experts'
   // bf16 GEMMs), as kBatchInvariantFp8KSplit.
   static constexpr int32_t kBatchInvariantBf16KSplit = 1;
-  // CudaTuning::batch_invariant: from this many rows and output columns BatchInvariantGemm rounds
-  // an fp32 a to bf16 in a pass of its own before kernels::BatchInvariantGemmTc (the same bits as
-  // the kernel's own rounding; half the activation bytes that its blocks read again, once per 16
-  // or 32 columns, for one more launch). Guesses, not measured: from 1024 columns the bytes saved
-  // (at 128 rows, k 2048: >= 16 MB) outweigh the pass; W_uk, W_uv (512 and 128) and kv_a (576)
-  // keep the kernel's rounding.
-  static constexpr int64_t kBatchInvariantRoundRows = 16;
-  static constexpr int64_t kBatchInvariantRoundColumns = 1024;
   // CudaTuning::batch_invariant: MlaAttentionF32's context splits per (token, head group), fixed
   // (the default picks them from the token count). 2 is what the default picks at 128 decode
   // tokens of 16 heads on the H200 (132 SMs x 2 blocks per SM; 2-3 splits merge inside a
@@ -324,6 +321,15 @@ class CudaBackend : public Backend {
   bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
                          WeightView w, int64_t ldw, uint16_t* out) override;
   static constexpr int64_t kBf16GateUpMinRows = 512;
+  // From kBf16GateUpMinRows rows with bf16 weights, outside batch-invariant mode: one cuBLAS GEMM
+  // with a bf16 output (fp32 accumulation, rounded once by its epilogue; an fp32 a rounded to
+  // bf16 first, as Gemm rounds it).
+  bool GemmToBf16(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
+                  int64_t ldw, uint16_t* c, int64_t ldc) override;
+  // The same conditions (m rows a product): cublasGemmStridedBatchedEx with a bf16 output.
+  bool BatchedGemmToBf16(int64_t batch, int64_t m, int64_t n, int64_t k, ActivationView a,
+                         int64_t lda, int64_t stride_a, WeightView w, int64_t ldw, int64_t stride_w,
+                         uint16_t* c, int64_t ldc, int64_t stride_c) override;
   // The smallest m that CudaTuning::gemm_autotune sends through the cuBLASLt tuner.
   static constexpr int64_t kGemmAutotuneMinRows = 1024;
   // Shapes the tuner has an algorithm for (0 before the first tuned call).
@@ -379,7 +385,8 @@ class CudaBackend : public Backend {
   static constexpr int32_t kMlaDecodeSmallMaxTokens = 1;
   int32_t MlaDecodeContextBreak(int32_t num_tokens) const override;
   void NoauxTcRoute(const NoauxTcRouteArgs& args) override;
-  // Up to kFusedRouterMaxTokens tokens and arguments kernels::RouteTokensSupported takes:
+  // Up to kFusedRouterMaxTokens tokens (batch-invariant mode: any number, in calls of at most
+  // kernels::kMaxFusedRouterTokens) and arguments kernels::RouteTokensSupported takes:
   // AddRmsNorm (args.norm), then kernels::RouteTokensF32, logits, routing and counts in one
   // launch; otherwise Backend's AddRmsNorm (args.norm) + Gemm (cuBLAS) + NoauxTcRoute +
   // AccumulateExpertCounts.

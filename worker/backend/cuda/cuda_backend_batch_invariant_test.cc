@@ -2,13 +2,16 @@
 // not depend on how many rows the call has or where the row sits among them (bit for bit), and
 // the results match CpuBackend (the fp32 and bf16 references) within the bounds of
 // cuda_backend_gemm_test: Gemm (fp32 and bf16 weights, fp32 and bf16 activations, with
-// accumulation and strides, tensor-core and warp kernels; the tensor-core kernel's 32-row and
-// 128 x 64 tiles, calls of up to 4353 rows) and BatchedGemm (the absorbed-MLA layouts, both
-// tiles), and RoutedExperts (the grouped expert GEMMs). Skips without a GPU.
+// accumulation and strides, the pipelined tensor-core and the warp kernels; the pipelined
+// kernel's row tiles of 16 to 128 rows, column tiles of 64 and 128 and k splits of 1 to 8, calls
+// of up to 4353 rows) and BatchedGemm (the absorbed-MLA layouts), RoutedExperts (the grouped
+// expert GEMMs) and RouteTokens (the one-launch router in calls of at most 256 tokens). Skips
+// without a GPU.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -139,11 +142,11 @@ class BatchInvariantTest : public testing::CudaBackendTest {
 
 // Shapes of the Moonlight decode GEMMs (q, kv_a, o_proj, the shared experts' gate_up and down, the
 // dense gate_up and down, the router with fp32 weights), a wide one as the LM head, and odd ones
-// that only the warp kernel takes. The large calls of the wide shapes take the tensor-core
-// kernel's large tiles, the small ones its small tiles (16 or 32 columns a block, by the block
-// count); fp32 activations from 16 rows (and 1024 columns) are rounded to bf16 in a pass of
-// their own, otherwise in the kernel; the warp kernel takes 2 x 4 tiles for many outputs (the
-// router at 256 and 201 rows), one output a warp for few.
+// that only the warp kernel takes. The pipelined kernel's row tile follows the call's rows (16
+// to 128), its column tile the block count (64 or 128 columns), its k split the shape (8 for
+// kv_a, 4 for q, o_proj and the down projections, 2 for the shared gate_up, 1 for the rest); fp32
+// activations are rounded to bf16 in a pass of their own; the warp kernel takes 2 x 4 tiles for
+// many outputs (the router at 256 and 201 rows), one output a warp for few.
 TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
   const std::vector<GemmCase> cases = {
       {3072, 2048, 2048, 3072, WeightDType::kBFloat16},
@@ -166,13 +169,12 @@ TEST_F(BatchInvariantTest, GemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
-// Prefill-sized calls (up to 4353 rows) across the tensor-core kernel's choice of tile by the
-// block count (128 x 64 tiles from 33 rows and 264 blocks, else 32-row tiles): a row summed by
-// either tile, at any place in it, is the same bit for bit. The shapes: Moonlight's q (48 column
-// tiles: large tiles from 641 rows) and kv_a (9: from 3713 rows), n not a multiple of the tile, k
-// whose 32-wide steps split unevenly over the 8 partitions and end in a partial step (k = 1416: 45
-// steps, the last of one 8-value chunk), and k of fewer than 8 steps (k = 136: 5 steps, 3
-// partitions empty).
+// Prefill-sized calls (up to 4353 rows) across the pipelined kernel's row and column tiles (the
+// 128-row tile of many row tiles, 128 columns from 264 blocks): a row summed by any tile, at any
+// place in it, is the same bit for bit. The shapes: Moonlight's q (4 k splits) and kv_a (8), n not
+// a multiple of the tile, k whose 64-wide steps split unevenly over the 4 splits and end in a
+// partial step (k = 1416: 23 steps, the last of 8 values), and k of too few steps to split
+// (k = 136: 3 steps, one split).
 TEST_F(BatchInvariantTest, GemmRowsAreTheSameAcrossTileSizesAtPrefillRowCounts) {
   const std::vector<GemmCase> cases = {
       {3072, 2048, 2048, 3072, WeightDType::kBFloat16},
@@ -183,7 +185,7 @@ TEST_F(BatchInvariantTest, GemmRowsAreTheSameAcrossTileSizesAtPrefillRowCounts) 
   const int64_t kRows = 4353;
   for (const GemmCase& c : cases) {
     // CPU-checked rows in the last, partial 128-row tile of the full call; parts that take the
-    // small tiles (1 to 130 rows), the large ones (700 rows and more) or either by the shape.
+    // 16- to 128-row tiles, one row tile or many, 64 or 128 columns by the shape.
     ExpectGemmRowsInvariant(c, kRows, 4300,
                             {{0, 1},
                              {4352, 1},
@@ -205,9 +207,8 @@ TEST_F(BatchInvariantTest, BatchedGemmRowsAreTheSameAtEveryBatchSizeAndMatchCpu)
     const char* name;
     int64_t n, k, lda, stride_a, ldw, stride_w, ldc, stride_c, a_row, w_size, c_row;
   };
-  // bf16 weights at 64 tokens: the small tiles; at 1100 (16 heads x 9 row tiles x 8 or 2 column
-  // tiles) the large ones for the full call, and for w_uk's 1000-row part (w_uv's: 256 blocks,
-  // the small ones), the small ones for the other parts.
+  // bf16 weights at 64 tokens: one row tile of 64 rows; at 1100 many 128-row tiles (w_uk: no k
+  // split, w_uv: 2), 128 columns where they give 264 blocks.
   for (const int64_t T : {int64_t{64}, int64_t{1100}}) {
     for (Case c : {Case{"w_uk", kvl, nope, nh * qk, qk, nope, kvl * nope, nh * kvl, kvl, nh * qk,
                         nh * kvl * nope, nh * kvl},
@@ -354,6 +355,99 @@ TEST_F(BatchInvariantTest, RoutedExpertsRowsAreTheSameAtEveryBatchSizeAndMatchCp
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
+// RouteTokens (the one-launch router at every token count, in calls of at most
+// kernels::kMaxFusedRouterTokens): 600 tokens (three calls, the counts in a pass after them) and
+// the same tokens in calls of 1 to 300 tokens at other places give every token the same expert
+// ids and weights bit for bit; the counts are those of the choices made (count_limit leaves the
+// last token out); against the CPU backend's Gemm + NoauxTcRoute the same choices except within
+// float noise of a tie, and close weights.
+TEST_F(BatchInvariantTest, RouteTokensRowsAreTheSameAtEveryBatchSizeAndMatchCpu) {
+  constexpr int32_t E = 64, K = 6, H = 512, T = 600;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const std::vector<float> hidden = testing::RandomFloats(T * H, seed, 1.0f);
+  const std::vector<float> weight = testing::RandomFloats(E * H, seed + 1, 0.05f);
+  const std::vector<float> bias = testing::RandomFloats(E, seed + 2, 0.05f);
+  struct Routed {
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    std::vector<int64_t> counts;
+  };
+  // be's RouteTokens on tokens [first, first + n).
+  auto run = [&](Backend* be, int32_t first, int32_t n) {
+    std::vector<std::unique_ptr<DeviceBuffer>> keep;
+    auto up = [&](const void* host, size_t bytes) {
+      keep.push_back(be->Allocate(bytes));
+      be->CopyToDevice(host, bytes, keep.back()->data());
+      return keep.back()->data();
+    };
+    const int32_t limit = (n - 1) * K;
+    const std::vector<int64_t> initial(E, 5);
+    const std::vector<int32_t> poison_ids(n * K, -7);
+    const std::vector<float> poison_w(n * K, std::numeric_limits<float>::quiet_NaN());
+    RouteTokensArgs a;
+    a.hidden_size = H;
+    a.hidden = static_cast<const float*>(
+        up(hidden.data() + static_cast<size_t>(first) * H, static_cast<size_t>(n) * H * 4));
+    a.router_weight = static_cast<const float*>(up(weight.data(), weight.size() * 4));
+    a.route.num_tokens = n;
+    a.route.num_experts = E;
+    a.route.correction_bias = static_cast<const float*>(up(bias.data(), bias.size() * 4));
+    a.route.top_k = K;
+    a.route.scaling_factor = 2.446f;
+    a.route.topk_ids = static_cast<int32_t*>(up(poison_ids.data(), n * K * sizeof(int32_t)));
+    a.route.topk_weights = static_cast<float*>(up(poison_w.data(), n * K * sizeof(float)));
+    a.expert_counts = static_cast<int64_t*>(up(initial.data(), E * sizeof(int64_t)));
+    a.count_limit = static_cast<const int32_t*>(up(&limit, sizeof(limit)));
+    be->RouteTokens(a);
+    Routed r;
+    r.ids.resize(n * K);
+    r.weights.resize(n * K);
+    r.counts.resize(E);
+    be->CopyToHost(a.route.topk_ids, n * K * sizeof(int32_t), r.ids.data());
+    be->CopyToHost(a.route.topk_weights, n * K * sizeof(float), r.weights.data());
+    be->CopyToHost(a.expert_counts, E * sizeof(int64_t), r.counts.data());
+    return r;
+  };
+  gpu_->SetOpTiming(true);
+  const Routed all = run(gpu_.get(), 0, T);
+  gpu_->SetOpTiming(false);
+  const std::string report = gpu_->TakeOpTimingReport();
+  EXPECT_EQ(testing::CallsOf(report, "RouteTokens"), 1) << report;
+  EXPECT_EQ(testing::CallsOf(report, "NoauxTcRoute"), -1) << report;
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  std::vector<int64_t> from_ids(E, 5);
+  for (int32_t i = 0; i < (T - 1) * K; ++i) {
+    ASSERT_GE(all.ids[i], 0);
+    ASSERT_LT(all.ids[i], E);
+    ++from_ids[all.ids[i]];
+  }
+  EXPECT_EQ(all.counts, from_ids);
+  for (const auto& [first, n] : std::vector<std::pair<int32_t, int32_t>>{
+           {0, 1}, {599, 1}, {40, 3}, {100, 17}, {5, 129}, {0, 256}, {250, 300}}) {
+    SCOPED_TRACE(::testing::Message() << n << " tokens from " << first);
+    const Routed part = run(gpu_.get(), first, n);
+    EXPECT_EQ(std::memcmp(part.ids.data(), all.ids.data() + first * K, n * K * sizeof(int32_t)), 0);
+    EXPECT_EQ(
+        std::memcmp(part.weights.data(), all.weights.data() + first * K, n * K * sizeof(float)), 0);
+  }
+  const Routed want = run(&cpu_, 0, T);
+  int differing = 0;
+  for (int32_t t = 0; t < T; ++t) {
+    const std::vector<int32_t> g(all.ids.begin() + t * K, all.ids.begin() + (t + 1) * K);
+    const std::vector<int32_t> w(want.ids.begin() + t * K, want.ids.begin() + (t + 1) * K);
+    if (g != w) {
+      ++differing;
+      continue;
+    }
+    const std::vector<float> gw(all.weights.begin() + t * K, all.weights.begin() + (t + 1) * K);
+    const std::vector<float> ww(want.weights.begin() + t * K, want.weights.begin() + (t + 1) * K);
+    EXPECT_TRUE(AllClose(gw, ww, 1e-6, 1e-5)) << "token " << t;
+  }
+  EXPECT_LE(differing, T / 50) << "more than float-noise ties";
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
 // The mode's switches: the row-count-specific fused ops decline, the one-token attention kernel
 // is never asked for.
 TEST_F(BatchInvariantTest, RowCountSpecificOpsDecline) {
@@ -367,6 +461,11 @@ TEST_F(BatchInvariantTest, RowCountSpecificOpsDecline) {
   EXPECT_FALSE(gpu_->GateUpSiluMulBf16(4096, 64, 64, ActivationView(static_cast<float*>(nullptr)),
                                        64, WeightView(nullptr, WeightDType::kBFloat16), 64,
                                        nullptr));
+  EXPECT_FALSE(gpu_->GemmToBf16(4096, 64, 64, ActivationView(static_cast<float*>(nullptr)), 64,
+                                WeightView(nullptr, WeightDType::kBFloat16), 64, nullptr, 64));
+  EXPECT_FALSE(gpu_->BatchedGemmToBf16(
+      2, 4096, 64, 64, ActivationView(static_cast<float*>(nullptr)), 128, 64,
+      WeightView(nullptr, WeightDType::kBFloat16), 64, 64 * 64, nullptr, 128, 64));
   MlaSequenceSpan s{0, 512, 512};
   EXPECT_FALSE(gpu_->UsesTensorCoreAttention(s));
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();

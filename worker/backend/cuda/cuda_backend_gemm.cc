@@ -1,6 +1,6 @@
 // CudaBackend's dense GEMMs: cuBLAS (fp32, bf16, the cuBLASLt tuner at prefill sizes), the small-m
 // kernel and the staged GEMV at decode sizes, the norm folded into the staged GEMV
-// (AddRmsNormGemms) and the bf16 gate_up with its SiLU-mul.
+// (AddRmsNormGemms), the GEMM with a bf16 output and the bf16 gate_up with its SiLU-mul.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -76,24 +76,29 @@ bool CudaBackend::GemmOnCublasLt(int64_t m, int64_t n, int64_t k, const void* a,
 }
 
 void CudaBackend::BatchInvariantGemm(const kernels::BatchInvariantGemmParams& p) {
-  if (kernels::BatchInvariantGemmTcSupports(p)) {
-    // From kBatchInvariantRoundRows rows and kBatchInvariantRoundColumns columns an fp32 a is
-    // rounded to bf16 in one pass first: the kernel rounds it the same way as it reads it (so the
-    // same bits), but each column tile's blocks read the activation rows again from L2, at half
-    // the bytes in bf16.
-    if (!p.a_bf16 && p.m >= kBatchInvariantRoundRows && p.n >= kBatchInvariantRoundColumns) {
-      kernels::BatchInvariantGemmParams r = p;
-      // Every element any product reads lies in the first (batch-1)*stride_a + (m-1)*lda + k.
-      auto a16 = RoundToBf16(static_cast<const float*>(p.a),
-                             (p.batch - 1) * p.stride_a + (p.m - 1) * p.lda + p.k);
-      r.a = a16->data();
-      r.a_bf16 = true;
-      if (kernels::BatchInvariantGemmTcSupports(r)) {
-        Check(kernels::BatchInvariantGemmTc(r, stream_), "kernels::BatchInvariantGemmTc");
-        return;
-      }
-    }
-    Check(kernels::BatchInvariantGemmTc(p, stream_), "kernels::BatchInvariantGemmTc");
+  if (!p.w_bf16) {
+    Check(kernels::BatchInvariantGemmWarp(p, stream_), "kernels::BatchInvariantGemmWarp");
+    return;
+  }
+  // bf16 weights: an fp32 a is rounded to bf16 in one pass first, at every m (the kernels round
+  // it the same way as they read it, so the same bits). Then the pipelined kernel, which takes
+  // bf16 a only, wherever it takes the layout; else the tensor-core kernel; else the warp kernel.
+  // None of the three choices depends on m, so each shape has one sum order for every m.
+  kernels::BatchInvariantGemmParams r = p;
+  std::unique_ptr<DeviceBuffer> a16;
+  if (!p.a_bf16) {
+    // Every element any product reads lies in the first (batch-1)*stride_a + (m-1)*lda + k.
+    a16 = RoundToBf16(static_cast<const float*>(p.a),
+                      (p.batch - 1) * p.stride_a + (p.m - 1) * p.lda + p.k);
+    r.a = a16->data();
+    r.a_bf16 = true;
+  }
+  if (kernels::BatchInvariantGemmPipelinedSupports(r)) {
+    Check(kernels::BatchInvariantGemmPipelined(r, stream_), "kernels::BatchInvariantGemmPipelined");
+    return;
+  }
+  if (kernels::BatchInvariantGemmTcSupports(r)) {
+    Check(kernels::BatchInvariantGemmTc(r, stream_), "kernels::BatchInvariantGemmTc");
     return;
   }
   Check(kernels::BatchInvariantGemmWarp(p, stream_), "kernels::BatchInvariantGemmWarp");
@@ -353,6 +358,62 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
     return;
   }
   Backend::AddRmsNormGemms(rows, dim, x, y, weight, eps, normed, normed_bf16, gemms);
+}
+
+bool CudaBackend::GemmToBf16(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
+                             WeightView w, int64_t ldw, uint16_t* c, int64_t ldc) {
+  if (tuning_.batch_invariant || m < kBf16GateUpMinRows || n <= 0 ||
+      w.dtype != WeightDType::kBFloat16 || !FitsInt(m) || !FitsInt(n) || !FitsInt(k) ||
+      !FitsInt(lda) || !FitsInt(ldw) || !FitsInt(ldc)) {
+    return false;
+  }
+  OpTimer timer(this, "GemmToBf16");
+  std::unique_ptr<DeviceBuffer> a16;
+  const void* a_bf16 = a.data;
+  if (a.dtype != WeightDType::kBFloat16) {
+    a16 = RoundToBf16(static_cast<const float*>(a.data), (m - 1) * lda + k);
+    a_bf16 = a16->data();
+  }
+  // GemmOnCublas's layout (column-major Cᵀ = W·Aᵀ), with a bf16 C.
+  if (!GemmOnCublasLt(m, n, k, a_bf16, lda, w, ldw, c, ldc, /*c_bf16=*/true,
+                      /*accumulate=*/false)) {
+    const float alpha = 1.0f, beta = 0.0f;
+    CheckBlas(
+        cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, w.data, CUDA_R_16BF, static_cast<int>(ldw),
+                     a_bf16, CUDA_R_16BF, static_cast<int>(lda), &beta, c, CUDA_R_16BF,
+                     static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx(bf16 out)");
+  }
+  return true;
+}
+
+bool CudaBackend::BatchedGemmToBf16(int64_t batch, int64_t m, int64_t n, int64_t k,
+                                    ActivationView a, int64_t lda, int64_t stride_a, WeightView w,
+                                    int64_t ldw, int64_t stride_w, uint16_t* c, int64_t ldc,
+                                    int64_t stride_c) {
+  if (tuning_.batch_invariant || batch <= 0 || m < kBf16GateUpMinRows || n <= 0 ||
+      w.dtype != WeightDType::kBFloat16 || !FitsInt(batch) || !FitsInt(m) || !FitsInt(n) ||
+      !FitsInt(k) || !FitsInt(lda) || !FitsInt(ldw) || !FitsInt(ldc)) {
+    return false;
+  }
+  OpTimer timer(this, "BatchedGemmToBf16");
+  // An fp32 a is rounded first (as BatchedGemm rounds it): every element any product reads lies
+  // in the first (batch-1)*stride_a + (m-1)*lda + k.
+  std::unique_ptr<DeviceBuffer> a16;
+  if (a.dtype != WeightDType::kBFloat16) {
+    a16 =
+        RoundToBf16(static_cast<const float*>(a.data), (batch - 1) * stride_a + (m - 1) * lda + k);
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  CheckBlas(cublasGemmStridedBatchedEx(
+                cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                static_cast<int>(k), &alpha, w.data, CUDA_R_16BF, static_cast<int>(ldw), stride_w,
+                a16 != nullptr ? a16->data() : a.data, CUDA_R_16BF, static_cast<int>(lda), stride_a,
+                &beta, c, CUDA_R_16BF, static_cast<int>(ldc), stride_c, static_cast<int>(batch),
+                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx(bf16 out)");
+  return true;
 }
 
 bool CudaBackend::GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a,

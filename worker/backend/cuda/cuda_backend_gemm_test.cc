@@ -1,7 +1,8 @@
 // CudaBackend's GEMMs and elementwise ops against CpuBackend: the cuBLAS layout with strides and
 // accumulation (fp32 and bf16 weights, fp32 and bf16 activations), batched and grouped GEMMs,
 // the small-m kernel and the staged GEMV at decode sizes, the cuBLASLt tuner at prefill sizes,
-// the bf16 gate_up with its SiLU-mul, and the norm folded into the staged GEMV.
+// the GEMMs with a bf16 output, the bf16 gate_up with its SiLU-mul, and the norm folded into the
+// staged GEMV.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -338,6 +339,133 @@ TEST_F(CudaBackendTest, GateUpSiluMulBf16MatchesCpuGemmRoundedThenSiluMul) {
   auto dw32 = Upload(w);
   EXPECT_FALSE(gpu_->GateUpSiluMulBf16(rows, inter, k, da->as<float>(), k, dw32->as<float>(), k,
                                        dout->as<uint16_t>()));
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// GemmToBf16 at prefill sizes (fp32 and bf16 activations, a padded output row stride) against
+// the CPU's Gemm rounded to bf16: cuBLAS sums in another order, so an element may round to the
+// neighbouring bf16 (rarely). Through cuBLASLt's timed choice (the default backend) and
+// cublasGemmEx (gemm_autotune off). The padding between rows is not written. It declines below
+// kBf16GateUpMinRows rows and with fp32 weights, writing nothing.
+TEST_F(CudaBackendTest, GemmToBf16MatchesCpuGemmRounded) {
+  const int64_t k = 1024, n = 1536, ldc = n + 8;
+  const uint16_t kUntouched = 0x7FC1;
+  CudaTuning plain_tuning;
+  plain_tuning.gemm_autotune = false;
+  auto plain = CudaBackend::Create(0, WeightDType::kBFloat16, plain_tuning);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  for (int64_t rows : {CudaBackend::kBf16GateUpMinRows, CudaBackend::kGemmAutotuneMinRows}) {
+    for (bool a_bf16 : {false, true}) {
+      for (bool autotune : {false, true}) {
+        CudaBackend* be = autotune ? gpu_.get() : plain->get();
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "rows " << rows << " a_bf16 " << a_bf16 << " autotune "
+                                          << autotune << " seed " << seed);
+        auto a = testing::RandomFloats(rows * k, seed);
+        auto w = testing::RandomFloats(n * k, seed + 1, 0.05f);
+        std::vector<uint16_t> a16(a.size());
+        for (size_t i = 0; i < a.size(); ++i) a16[i] = FloatToBf16Bits(a[i]);
+        std::vector<std::unique_ptr<DeviceBuffer>> keep;
+        std::vector<float> want(rows * n);
+        cpu16_.Gemm(rows, n, k, ActivationView::Bf16(a16.data()), k, CpuBf16(w, &keep), k,
+                    want.data(), n, false);
+        const WeightView gw = GpuBf16(w, &keep);
+        auto da = Upload(a);
+        auto da16 = gpu_->Allocate(a16.size() * sizeof(uint16_t));
+        gpu_->CopyToDevice(a16.data(), a16.size() * sizeof(uint16_t), da16->data());
+        const ActivationView av =
+            a_bf16 ? ActivationView::Bf16(da16->as<uint16_t>()) : ActivationView(da->as<float>());
+        std::vector<uint16_t> got(rows * ldc, kUntouched);
+        auto dc = gpu_->Allocate(got.size() * sizeof(uint16_t));
+        gpu_->CopyToDevice(got.data(), got.size() * sizeof(uint16_t), dc->data());
+        gpu_->Synchronize();  // be's stream does not wait for gpu_'s uploads
+        ASSERT_TRUE(be->GemmToBf16(rows, n, k, av, k, gw, k, dc->as<uint16_t>(), ldc));
+        be->Synchronize();
+        ASSERT_TRUE(be->status().ok()) << be->status();
+        gpu_->CopyToHost(dc->data(), got.size() * sizeof(uint16_t), got.data());
+        int64_t differ = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t j = 0; j < ldc; ++j) {
+            const uint16_t g = got[r * ldc + j];
+            if (j >= n) {
+              ASSERT_EQ(g, kUntouched) << "padding written at row " << r << " column " << j;
+              continue;
+            }
+            const float x = want[r * n + j];
+            ASSERT_LE(std::abs(Bf16BitsToFloat(g) - x), std::abs(x) / 128 + 1e-3f)
+                << "row " << r << " column " << j;
+            differ += g != FloatToBf16Bits(x);
+          }
+        }
+        EXPECT_LE(differ, rows * n / 20);
+        std::cout << "[gemm-to-bf16] rows " << rows << " a_bf16 " << a_bf16 << " autotune "
+                  << autotune << ": " << differ << " of " << rows * n
+                  << " differ from the CPU's rounded\n";
+      }
+    }
+  }
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  const int64_t rows = CudaBackend::kBf16GateUpMinRows;
+  auto w = testing::RandomFloats(n * k, 7, 0.05f);
+  auto da = Upload(testing::RandomFloats(rows * k, 8));
+  auto dc = gpu_->Allocate(rows * n * sizeof(uint16_t));
+  EXPECT_FALSE(gpu_->GemmToBf16(rows - 1, n, k, da->as<float>(), k, GpuBf16(w, &keep), k,
+                                dc->as<uint16_t>(), n));
+  auto dw32 = Upload(w);
+  EXPECT_FALSE(gpu_->GemmToBf16(rows, n, k, da->as<float>(), k, dw32->as<float>(), k,
+                                dc->as<uint16_t>(), n));
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+}
+
+// BatchedGemmToBf16 in DeepSeek-V4's grouped o_a layout (4 groups of heads: a's group g at
+// column g * k of its row, c's at column g * n) at prefill rows, fp32 and bf16 activations,
+// against the CPU's BatchedGemm rounded to bf16 (as GemmToBf16's test); it declines below
+// kBf16GateUpMinRows rows and with fp32 weights.
+TEST_F(CudaBackendTest, BatchedGemmToBf16MatchesCpuRounded) {
+  const int64_t groups = 4, k = 512, n = 256, rows = CudaBackend::kBf16GateUpMinRows;
+  for (bool a_bf16 : {false, true}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "a_bf16 " << a_bf16 << " seed " << seed);
+    auto a = testing::RandomFloats(rows * groups * k, seed);
+    auto w = testing::RandomFloats(groups * n * k, seed + 1, 0.05f);
+    std::vector<uint16_t> a16(a.size());
+    for (size_t i = 0; i < a.size(); ++i) a16[i] = FloatToBf16Bits(a[i]);
+    std::vector<std::unique_ptr<DeviceBuffer>> keep;
+    std::vector<float> want(rows * groups * n);
+    cpu16_.BatchedGemm(groups, rows, n, k, ActivationView::Bf16(a16.data()), groups * k, k,
+                       CpuBf16(w, &keep), k, n * k, want.data(), groups * n, n);
+    auto da = Upload(a);
+    auto da16 = gpu_->Allocate(a16.size() * sizeof(uint16_t));
+    gpu_->CopyToDevice(a16.data(), a16.size() * sizeof(uint16_t), da16->data());
+    const ActivationView av =
+        a_bf16 ? ActivationView::Bf16(da16->as<uint16_t>()) : ActivationView(da->as<float>());
+    auto dc = gpu_->Allocate(want.size() * sizeof(uint16_t));
+    ASSERT_TRUE(gpu_->BatchedGemmToBf16(groups, rows, n, k, av, groups * k, k, GpuBf16(w, &keep), k,
+                                        n * k, dc->as<uint16_t>(), groups * n, n));
+    std::vector<uint16_t> got(want.size());
+    gpu_->CopyToHost(dc->data(), got.size() * sizeof(uint16_t), got.data());
+    ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float x = want[i];
+      ASSERT_LE(std::abs(Bf16BitsToFloat(got[i]) - x), std::abs(x) / 128 + 1e-3f) << i;
+      differ += got[i] != FloatToBf16Bits(x);
+    }
+    EXPECT_LE(differ, static_cast<int64_t>(got.size()) / 20);
+    std::cout << "[batched-gemm-to-bf16] a_bf16 " << a_bf16 << ": " << differ << " of "
+              << got.size() << " differ from the CPU's rounded\n";
+  }
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  auto w = testing::RandomFloats(groups * n * k, 7, 0.05f);
+  auto da = Upload(testing::RandomFloats(rows * groups * k, 8));
+  auto dc = gpu_->Allocate(rows * groups * n * sizeof(uint16_t));
+  EXPECT_FALSE(gpu_->BatchedGemmToBf16(groups, rows - 1, n, k, da->as<float>(), groups * k, k,
+                                       GpuBf16(w, &keep), k, n * k, dc->as<uint16_t>(), groups * n,
+                                       n));
+  auto dw32 = Upload(w);
+  EXPECT_FALSE(gpu_->BatchedGemmToBf16(groups, rows, n, k, da->as<float>(), groups * k, k,
+                                       dw32->as<float>(), k, n * k, dc->as<uint16_t>(), groups * n,
+                                       n));
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 

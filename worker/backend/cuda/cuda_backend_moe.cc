@@ -67,31 +67,54 @@ void CudaBackend::NoauxTcRoute(const NoauxTcRouteArgs& a) {
 
 void CudaBackend::RouteTokens(const RouteTokensArgs& a) {
   const NoauxTcRouteArgs& r = a.route;
-  if (tuning_.batch_invariant || r.num_tokens <= 0 || r.num_tokens > kFusedRouterMaxTokens ||
+  // The batch-invariant mode takes the one-launch router at every token count, in calls of at
+  // most kernels::kMaxFusedRouterTokens tokens: each logit's sum order is the same for every tile
+  // and token count, and the routing is per token.
+  const int64_t max_call =
+      tuning_.batch_invariant ? kernels::kMaxFusedRouterTokens : kFusedRouterMaxTokens;
+  if (r.num_tokens <= 0 || (!tuning_.batch_invariant && r.num_tokens > max_call) ||
       r.num_experts <= 0 || r.num_experts > kernels::kMaxFusedRouterExperts) {
     Backend::RouteTokens(a);
     return;
   }
+  const int64_t T = r.num_tokens, H = a.hidden_size, K = r.top_k;
+  const int64_t call_tokens = std::min(T, max_call);
+  // Several calls count the experts afterwards, in one AccumulateExpertCounts (count_limit is
+  // over the whole batch's choices).
+  const bool count_in_call = T <= max_call;
   kernels::RouteTokensParams p;
   SetRouting(r, &p);
-  p.hidden_size = FitsInt(a.hidden_size) ? static_cast<int32_t>(a.hidden_size) : -1;
+  p.num_tokens = static_cast<int32_t>(call_tokens);
+  p.hidden_size = FitsInt(H) ? static_cast<int32_t>(H) : -1;
   p.hidden = a.norm.weight != nullptr ? a.norm.out : a.hidden;
   p.router_weight = a.router_weight;
   p.tile_counters = route_tile_counters_;
-  p.expert_counts = a.expert_counts;
-  p.count_limit = a.count_limit;
-  auto logits = AllocateScratch(static_cast<size_t>(r.num_tokens) * r.num_experts * sizeof(float));
+  p.expert_counts = count_in_call ? a.expert_counts : nullptr;
+  p.count_limit = count_in_call ? a.count_limit : nullptr;
+  auto logits = AllocateScratch(static_cast<size_t>(call_tokens) * r.num_experts * sizeof(float));
   p.router_logits = logits->as<float>();
   if (!kernels::RouteTokensSupported(p)) {
     Backend::RouteTokens(a);
     return;
   }
   if (a.norm.weight != nullptr) {
-    AddRmsNorm(r.num_tokens, a.hidden_size, a.norm.x, a.norm.y, a.norm.weight, a.norm.eps,
-               a.norm.out, a.norm.out_bf16);
+    AddRmsNorm(T, H, a.norm.x, a.norm.y, a.norm.weight, a.norm.eps, a.norm.out, a.norm.out_bf16);
   }
   OpTimer timer(this, "RouteTokens");
-  Check(kernels::RouteTokensF32(p, stream_), "kernels::RouteTokensF32");
+  const float* hidden = p.hidden;
+  for (int64_t first = 0; first < T; first += call_tokens) {
+    kernels::RouteTokensParams c = p;
+    c.num_tokens = static_cast<int32_t>(std::min(call_tokens, T - first));
+    c.hidden = hidden + first * H;
+    c.topk_ids = r.topk_ids + first * K;
+    c.topk_weights = r.topk_weights + first * K;
+    Check(kernels::RouteTokensF32(c, stream_), "kernels::RouteTokensF32");
+  }
+  if (!count_in_call && a.expert_counts != nullptr) {
+    Check(kernels::AccumulateExpertCounts(T * K, r.topk_ids, r.num_experts, a.count_limit,
+                                          a.expert_counts, stream_),
+          "kernels::AccumulateExpertCounts");
+  }
 }
 
 void CudaBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t num_experts,
@@ -340,9 +363,11 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
     g.c = gate_up->as<float>();
     // Only the rows of a pass follow it: twice the average rows of an expert, at most T (a
     // token's top-k experts are distinct), so that most busy experts take one pass over their
-    // weights. A guess; grouped_gemm_bench times the alternatives.
+    // weights, each of the fewest 8-row tiles that hold its rows (kBf16BatchInvariantTile). A
+    // guess; grouped_gemm_bench times the alternatives.
     g.rows_per_group_hint =
         static_cast<int32_t>(std::min<int64_t>(T, 2 * std::max<int64_t>(1, (T * K + E - 1) / E)));
+    g.tile = kernels::kBf16BatchInvariantTile;
     // Large groups (prefill): the all-rows loop, each weight loaded once for up to 128 rows
     // instead of 32 (the same sums); from a hint above 64 (above 32 rows an expert on average),
     // a guess like the hint.

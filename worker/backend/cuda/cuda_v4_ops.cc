@@ -2,12 +2,14 @@
 // (HcMixFromStreams: two).
 #include "worker/backend/cuda/cuda_v4_ops.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/activation/elementwise.h"
+#include "kernels/moe/expert_activation.h"
 #include "kernels/moe/noaux_tc_router_fused.h"
 #include "kernels/rope/rope.h"
 #include "kernels/v4/compress_windows.h"
@@ -54,17 +56,29 @@ bool CudaV4Ops::HcMixFromStreams(const HcMixArgs& a) {
 
 bool CudaV4Ops::NormRope(const NormRopeArgs& a) {
   if (!kernels::RmsNormRopeSupported(a.tokens, a.heads, a.dim, a.rope_dim)) return false;
+  if (a.x_bf16 != nullptr && a.out_bf16 == nullptr) return false;
   CudaBackend::OpTimer timer(backend_, "V4NormRope");
   const bool bf16 = a.out_bf16 != nullptr;
-  const cudaError_t err =
-      bf16 ? kernels::RmsNormRopeToBf16(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps,
-                                        a.out_bf16, a.dim, a.rope_dim, a.positions, a.inv_freq,
-                                        a.attention_factor, backend_->stream_)
-           : kernels::RmsNormRopeF32(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps, a.out,
-                                     a.dim, a.rope_dim, a.positions, a.inv_freq, a.attention_factor,
-                                     backend_->stream_);
+  cudaError_t err;
+  const char* call;
+  if (a.x_bf16 != nullptr) {
+    call = "kernels::RmsNormRopeBf16";
+    err = kernels::RmsNormRopeBf16(a.tokens, a.heads, a.dim, a.x_bf16, a.dim, a.weight, a.eps,
+                                   a.out_bf16, a.dim, a.rope_dim, a.positions, a.inv_freq,
+                                   a.attention_factor, backend_->stream_);
+  } else if (bf16) {
+    call = "kernels::RmsNormRopeToBf16";
+    err = kernels::RmsNormRopeToBf16(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps,
+                                     a.out_bf16, a.dim, a.rope_dim, a.positions, a.inv_freq,
+                                     a.attention_factor, backend_->stream_);
+  } else {
+    call = "kernels::RmsNormRopeF32";
+    err = kernels::RmsNormRopeF32(a.tokens, a.heads, a.dim, a.x, a.dim, a.weight, a.eps, a.out,
+                                  a.dim, a.rope_dim, a.positions, a.inv_freq, a.attention_factor,
+                                  backend_->stream_);
+  }
   if (err != cudaSuccess) {
-    RecordFailure(err, bf16 ? "kernels::RmsNormRopeToBf16" : "kernels::RmsNormRopeF32",
+    RecordFailure(err, call,
                   absl::StrCat("tokens ", a.tokens, ", heads ", a.heads, ", dim ", a.dim,
                                ", rope_dim ", a.rope_dim));
   }
@@ -79,8 +93,9 @@ bool CudaV4Ops::NormRopePair(const NormRopeArgs& a, const NormRopeArgs& b) {
     return r;
   };
   const kernels::RmsNormRopeRows ra = rows(a), rb = rows(b);
-  if (a.out_bf16 != nullptr || b.out_bf16 != nullptr || a.rope_dim != b.rope_dim ||
-      a.eps != b.eps || a.positions != b.positions || a.inv_freq != b.inv_freq ||
+  if (a.out_bf16 != nullptr || b.out_bf16 != nullptr || a.x_bf16 != nullptr ||
+      b.x_bf16 != nullptr || a.rope_dim != b.rope_dim || a.eps != b.eps ||
+      a.positions != b.positions || a.inv_freq != b.inv_freq ||
       a.attention_factor != b.attention_factor ||
       !kernels::RmsNormRopePairSupported(ra, rb, a.rope_dim)) {
     return false;
@@ -141,18 +156,27 @@ void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
       kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16)) {
     p.kernel = kernels::SinkAttentionKernel::kTensorCoreBf16;
   }
-  // With the bf16 query (a prefill) and no top-k selection (sliding and HCA layers) the same
-  // arithmetic on kTensorCoreBf16Rows over bf16 copies made once per call (the bits that kernel
-  // rounds the rows to): this step's keys (RoundF32ToBf16; a prefill token's window rows are
-  // mostly this step's) and, where the entries' table rows are given, the blocks they name
-  // (SinkAttentionEntriesToBf16: the step's sequences' streams so far; only while that copy is
-  // no larger than the bf16 query). The ring is read in fp32. sink_attention_bench's prefill rows
-  // at 4096 tokens (H200): window 607 us against 681, HCA 716 against 839, but CSA's top-k rows
-  // 1688 against 1670 and 2895 against 2690 at 640 rows, so CSA stays on kTensorCoreBf16.
+  // A prefill-sized call (kBf16AttentionMinTokens queries or more: the bf16 query and output
+  // where TakesBf16Attention, else fp32, the same bits) runs on kTensorCoreBf16Prefill (one
+  // split) where it runs; with the bf16 query, no top-k selection (sliding and HCA layers) and
+  // where that kernel does not run, kTensorCoreBf16Rows (the same arithmetic as
+  // kTensorCoreBf16). Both read bf16 copies made once per call (the bits the kernels round the
+  // rows to): this step's keys (RoundF32ToBf16; a prefill token's window rows are mostly this
+  // step's) and, where the entries' table rows are given, the blocks they name
+  // (SinkAttentionEntriesToBf16: the step's sequences' streams so far, each contiguous, which
+  // kTensorCoreBf16Prefill reads without the tables; only while that copy is no larger than the
+  // bf16 query). The ring is read in fp32. sink_attention_bench's prefill rows at 4096 tokens
+  // (H200): kTensorCoreBf16Rows window 607 us against kTensorCoreBf16's 681, HCA 716 against
+  // 839, but CSA's top-k rows 1688 against 1670.
+  const bool bf16_prefill =
+      p.kernel == kernels::SinkAttentionKernel::kTensorCoreBf16 &&
+      a.tokens >= kBf16AttentionMinTokens && !backend_->tuning_.batch_invariant &&
+      kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16Prefill);
   std::unique_ptr<DeviceBuffer> kv_bf16, entries_bf16, entries_tables;
-  if (p.kernel == kernels::SinkAttentionKernel::kTensorCoreBf16 && a.q_bf16 != nullptr &&
-      a.selected == nullptr &&
-      kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16Rows)) {
+  if (bf16_prefill ||
+      (p.kernel == kernels::SinkAttentionKernel::kTensorCoreBf16 && a.q_bf16 != nullptr &&
+       a.selected == nullptr &&
+       kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16Rows))) {
     kv_bf16 = backend_->AllocateScratch(a.tokens * a.dim * sizeof(uint16_t));  // 256-byte aligned
     cudaError_t err =
         kernels::RoundF32ToBf16(a.tokens * a.dim, a.kv, kv_bf16->as<uint16_t>(), backend_->stream_);
@@ -176,9 +200,10 @@ void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
                                           a.entries.table_stride));
       }
       p.entries_bf16 = {entries_bf16->as<uint16_t>(), entries_tables->as<int32_t>(),
-                        a.entries.table_stride};
+                        a.entries.table_stride, a.entries.table_stride * a.entries.block_floats};
     }
-    p.kernel = kernels::SinkAttentionKernel::kTensorCoreBf16Rows;
+    p.kernel = bf16_prefill ? kernels::SinkAttentionKernel::kTensorCoreBf16Prefill
+                            : kernels::SinkAttentionKernel::kTensorCoreBf16Rows;
   }
   // Batch-invariant: a fixed split count (by default it follows the token count); each token's
   // rows are cut by their own count.
@@ -277,6 +302,17 @@ void CudaV4Ops::SwiGluClamped(int64_t rows, int64_t inter, const float* x, float
   if (err != cudaSuccess) {
     RecordFailure(err, "kernels::SwiGluClampedF32", absl::StrCat("rows ", rows, ", inter ", inter));
   }
+}
+
+bool CudaV4Ops::SwiGluClampedBf16(int64_t rows, int64_t inter, const uint16_t* x, float limit,
+                                  uint16_t* out) {
+  CudaBackend::OpTimer timer(backend_, "V4SwiGluClampedBf16");
+  const cudaError_t err =
+      kernels::SiluMulBf16(rows, inter, x, out, backend_->stream_, nullptr, std::max(limit, 0.0f));
+  if (err != cudaSuccess) {
+    RecordFailure(err, "kernels::SiluMulBf16", absl::StrCat("rows ", rows, ", inter ", inter));
+  }
+  return true;
 }
 
 }  // namespace deepinfer

@@ -6,8 +6,8 @@
 // width over keys in ring slots and paged streams; the row copies; bad arguments reported
 // through status(); the hyper-connection mix with its norm and GEMM (HcMixFromStreams) against
 // the three ops it replaces; the bf16 query and output of a prefill against the fp32 path and
-// the CPU; the query's and key's norm and rope in one op against the two. Skips itself without a
-// GPU.
+// the CPU; the clamped SwiGLU on bf16 rows; the query's and key's norm and rope in one op against
+// the two. Skips itself without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -349,9 +349,11 @@ TEST_F(CudaV4OpsTest, IndexerAndSinkAttentionMatchCpu) {
 
 // The prefill path of a bf16 model (V4Ops::TakesBf16Attention: from kBf16AttentionMinTokens
 // queries): NormRope's bf16 query is its fp32 query rounded, bit for bit, and the CPU's within
-// the rounding; SinkAttention over the bf16 query with its rotated bf16 output (the keys and
-// entries read from the backend's bf16 copies: kTensorCoreBf16Rows) gives bit for bit what the
-// fp32 path gives (the fp32 query, the fp32 output, Backend::ApplyRope at the negated positions,
+// the rounding (from bf16 rows, in place: bit for bit its query from the widened rows);
+// SinkAttention over the bf16 query with its rotated bf16 output (the keys and entries read
+// from the backend's bf16 copies; kTensorCoreBf16Prefill, as the fp32 path at this size) gives
+// bit for bit what the fp32 path gives (the fp32 query, the fp32 output, Backend::ApplyRope at
+// the negated positions,
 // the rounding of a bf16 Gemm operand), and the CPU's (over the same bf16 query and keys rounded
 // to bf16) within the bf16 kernel's tolerance. 512 tokens of one prefill from position 0 (every
 // window among the step's keys), V4-Flash's query (64 heads x 512, rope 64), and HCA-like
@@ -435,6 +437,39 @@ TEST_F(CudaV4OpsTest, Bf16QueryAndOutputAtPrefillMatchTheFp32PathAndCpu) {
   }
   EXPECT_EQ(differ, 0) << "the bf16 query is not the fp32 query rounded";
   EXPECT_TRUE(AllClose(q_rounded, q_cpu, 1e-6, 1.0 / 256)) << "the bf16 query against the CPU";
+  {
+    // From bf16 rows (a bf16 q_b's output), in place: bit for bit NormRope from the widened rows
+    // to bf16, and the CPU's on the widened rows within the rounding.
+    std::vector<uint16_t> x16(x.size());
+    std::vector<float> widened(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      x16[i] = FloatToBf16Bits(x[i]);
+      widened[i] = Bf16BitsToFloat(x16[i]);
+    }
+    auto dx16 = gpu_->Allocate(x16.size() * sizeof(uint16_t));
+    gpu_->CopyToDevice(x16.data(), x16.size() * sizeof(uint16_t), dx16->data());
+    auto dwidened = Upload(widened);
+    auto want16 = gpu_->Allocate(x16.size() * sizeof(uint16_t));
+    NormRopeArgs from32 = na;
+    from32.x = dwidened->as<float>(), from32.out_bf16 = want16->as<uint16_t>();
+    ASSERT_TRUE(ops->NormRope(from32));
+    NormRopeArgs from16 = na;
+    from16.x_bf16 = dx16->as<uint16_t>(), from16.out_bf16 = dx16->as<uint16_t>();
+    ASSERT_TRUE(ops->NormRope(from16));
+    NormRopeArgs no_bf16_out = na;
+    no_bf16_out.x_bf16 = dx16->as<uint16_t>(), no_bf16_out.out = q32->as<float>();
+    EXPECT_FALSE(ops->NormRope(no_bf16_out)) << "bf16 rows in take a bf16 output only";
+    std::vector<uint16_t> got_bits(x16.size()), want_bits(x16.size());
+    gpu_->CopyToHost(dx16->data(), got_bits.size() * sizeof(uint16_t), got_bits.data());
+    gpu_->CopyToHost(want16->data(), want_bits.size() * sizeof(uint16_t), want_bits.data());
+    EXPECT_EQ(got_bits, want_bits) << "bf16 rows in: not NormRope of the widened rows";
+    std::vector<float> cpu_w(widened.size()), got_w(got_bits.size());
+    cpu_.RmsNorm(T * NH, D, widened.data(), D, ones.data(), eps, cpu_w.data(), D);
+    cpu_.ApplyRope(T, NH, cpu_w.data() + D - RD, NH * D, D, RD, positions.data(), inv_freq.data(),
+                   factor, /*interleaved=*/true);
+    for (size_t i = 0; i < got_bits.size(); ++i) got_w[i] = Bf16BitsToFloat(got_bits[i]);
+    EXPECT_TRUE(AllClose(got_w, cpu_w, 1e-6, 1.0 / 256)) << "bf16 rows in: against the CPU";
+  }
 
   SinkAttentionArgs sa;
   sa.tokens = T, sa.heads = NH, sa.dim = D;
@@ -490,6 +525,42 @@ TEST_F(CudaV4OpsTest, Bf16QueryAndOutputAtPrefillMatchTheFp32PathAndCpu) {
   EXPECT_EQ(differ, 0) << "the bf16 output is not the fp32 path's rotated output rounded";
   // P's rounding to bf16 (2^-8 relative) and the output's (2^-9), against the outputs' scale.
   EXPECT_TRUE(AllClose(o_rounded, o_cpu, 2e-2 * max_out, 2e-2)) << "against the CPU";
+}
+
+// SwiGluClampedBf16 (bf16 gate / up in, bf16 out) against the CPU's SwiGluClamped of the widened
+// rows, rounded: the same formula, expf against std::exp (an fp32 ulp apart at most), so a value
+// may round to the neighbouring bf16, rarely. V4-Flash's shared expert width (2048), values
+// beyond the clamp (limit 10) on both sides, and no clamp (limit 0).
+TEST_F(CudaV4OpsTest, SwiGluClampedBf16MatchesCpuRounded) {
+  constexpr int64_t kRows = 37, kInter = 2048;
+  for (const float limit : {10.0f, 0.0f}) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "limit " << limit << " seed " << seed);
+    const std::vector<float> x = RandomFloats(kRows * 2 * kInter, seed, 16.0f);
+    std::vector<uint16_t> x16(x.size());
+    std::vector<float> widened(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      x16[i] = FloatToBf16Bits(x[i]);
+      widened[i] = Bf16BitsToFloat(x16[i]);
+    }
+    std::vector<float> want(kRows * kInter);
+    cpu_.v4_ops()->SwiGluClamped(kRows, kInter, widened.data(), limit, want.data());
+    auto dx = gpu_->Allocate(x16.size() * sizeof(uint16_t));
+    gpu_->CopyToDevice(x16.data(), x16.size() * sizeof(uint16_t), dx->data());
+    auto dout = gpu_->Allocate(want.size() * sizeof(uint16_t));
+    ASSERT_TRUE(gpu_->v4_ops()->SwiGluClampedBf16(kRows, kInter, dx->as<uint16_t>(), limit,
+                                                  dout->as<uint16_t>()));
+    std::vector<uint16_t> got(want.size());
+    gpu_->CopyToHost(dout->data(), got.size() * sizeof(uint16_t), got.data());
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float g = Bf16BitsToFloat(got[i]), w = want[i];
+      ASSERT_LE(std::abs(g - w), std::abs(w) / 128 + 1e-6f) << "element " << i;
+      differ += got[i] != FloatToBf16Bits(w);
+    }
+    EXPECT_LE(differ, static_cast<int64_t>(got.size()) / 100);
+  }
+  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 
 // CopyRows (the V4 model's cache moves) through both backends: a gather and a scatter with

@@ -16,7 +16,14 @@
 // Time: CUDA events around 5 back-to-back calls, median of 5 such rounds after 2 warm-up calls;
 // TFLOP/s of 2·m·n·k and the fraction of 790 (docs/performance.md's peak).
 //
+// `v4`: DeepSeek-V4-Flash's prefill GEMMs whose output has one bf16 reader, as the model ran
+// them and with a bf16 output (gemm_autotune on, the default): q_b (n 32768, k 1024) by Gemm
+// (fp32 out) against GemmToBf16; the grouped o_a (8 groups, n 1024, k 4096 of a row of 32768)
+// then o_b (n 4096, k 8192) by BatchedGemm (fp32 out) + Gemm (which rounds its fp32 operand to
+// bf16 first) against BatchedGemmToBf16 + Gemm on the bf16 operand.
+//
 //   gemm_shapes_bench [rows ...]     (default 8192 32768; exit status 1 on an error)
+//   gemm_shapes_bench v4 [rows ...]  (default 8192 32768)
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -89,7 +96,89 @@ void Report(const char* shape, int64_t m, int64_t n, int64_t k, const std::strin
               100.0 * (us - base_us) / base_us);
 }
 
+// The `v4` mode (above) on a backend with gemm_autotune on.
+int MainV4(const std::vector<int64_t>& row_counts) {
+  auto created = CudaBackend::Create(0, WeightDType::kBFloat16, CudaTuning());
+  if (!created.ok()) {
+    std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
+    return 1;
+  }
+  CudaBackend& b = **created;
+  cudaStream_t stream = b.stream();
+  constexpr int64_t kQl = 1024, kQ = 64 * 512, kGroups = 8, kOl = 1024, kHidden = 4096;
+  constexpr int64_t kIn = kQ / kGroups;
+  DummyFill fw, fa;
+  fw.key = 11, fw.amplitude = 0.05f;
+  fa.key = 12, fa.amplitude = 1.0f;
+  auto bf16 = [&](int64_t n, const DummyFill& f) {
+    auto buf = b.Allocate(n * sizeof(uint16_t));
+    b.FillDummy(f, n, WeightDType::kBFloat16, buf->data());
+    return buf;
+  };
+  auto q_b = bf16(kQ * kQl, fw), o_a = bf16(kGroups * kOl * kIn, fw);
+  auto o_b = bf16(kHidden * kGroups * kOl, fw);
+  const WeightView q_bv{q_b->data(), WeightDType::kBFloat16};
+  const WeightView o_av{o_a->data(), WeightDType::kBFloat16};
+  const WeightView o_bv{o_b->data(), WeightDType::kBFloat16};
+  std::printf("%-14s %6s %6s %6s | %-44s %9s %7s %6s %7s\n", "shape", "m", "n", "k", "variant",
+              "us", "TFLOP/s", "peak", "vs fp32");
+  for (int64_t m : row_counts) {
+    {
+      auto a = bf16(m * kQl, fa);
+      auto c = b.Allocate(m * kQ * sizeof(float));
+      auto c16 = b.Allocate(m * kQ * sizeof(uint16_t));
+      const ActivationView av = ActivationView::Bf16(a->as<uint16_t>());
+      const double f32 = TimeUs(
+          stream, [&] { b.Gemm(m, kQ, kQl, av, kQl, q_bv, kQl, c->as<float>(), kQ, false); });
+      Report("q_b", m, kQ, kQl, "Gemm (fp32 out)", f32, f32);
+      const double out16 = TimeUs(stream, [&] {
+        if (!b.GemmToBf16(m, kQ, kQl, av, kQl, q_bv, kQl, c16->as<uint16_t>(), kQ)) {
+          Fail("GemmToBf16 declined", 0);
+        }
+      });
+      Report("q_b", m, kQ, kQl, "GemmToBf16 (bf16 out)", out16, f32);
+    }
+    {
+      // FLOPs reported as o_a's and o_b's together (k: o_a's per group).
+      auto o = bf16(m * kQ, fa);
+      auto og = b.Allocate(m * kGroups * kOl * sizeof(float));
+      auto og16 = b.Allocate(m * kGroups * kOl * sizeof(uint16_t));
+      auto out = b.Allocate(m * kHidden * sizeof(float));
+      const ActivationView ov = ActivationView::Bf16(o->as<uint16_t>());
+      const int64_t n_equiv = kGroups * kOl + kHidden * kGroups * kOl / kIn;
+      const double f32 = TimeUs(stream, [&] {
+        b.BatchedGemm(kGroups, m, kOl, kIn, ov, kQ, kIn, o_av, kIn, kOl * kIn, og->as<float>(),
+                      kGroups * kOl, kOl);
+        b.Gemm(m, kHidden, kGroups * kOl, og->as<float>(), kGroups * kOl, o_bv, kGroups * kOl,
+               out->as<float>(), kHidden, false);
+      });
+      Report("o_a+o_b", m, n_equiv, kIn, "BatchedGemm (fp32 out) + Gemm", f32, f32);
+      const double out16 = TimeUs(stream, [&] {
+        if (!b.BatchedGemmToBf16(kGroups, m, kOl, kIn, ov, kQ, kIn, o_av, kIn, kOl * kIn,
+                                 og16->as<uint16_t>(), kGroups * kOl, kOl)) {
+          Fail("BatchedGemmToBf16 declined", 0);
+        }
+        b.Gemm(m, kHidden, kGroups * kOl, ActivationView::Bf16(og16->as<uint16_t>()), kGroups * kOl,
+               o_bv, kGroups * kOl, out->as<float>(), kHidden, false);
+      });
+      Report("o_a+o_b", m, n_equiv, kIn, "BatchedGemmToBf16 + Gemm (bf16 operand)", out16, f32);
+    }
+    CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    if (!b.status().ok()) {
+      std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "v4") {
+    std::vector<int64_t> rows;
+    for (int i = 2; i < argc; ++i) rows.push_back(std::atoll(argv[i]));
+    if (rows.empty()) rows = {8192, 32768};
+    return MainV4(rows);
+  }
   std::vector<int64_t> row_counts;
   for (int i = 1; i < argc; ++i) row_counts.push_back(std::atoll(argv[i]));
   if (row_counts.empty()) row_counts = {8192, 32768};

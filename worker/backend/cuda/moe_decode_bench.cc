@@ -2,9 +2,11 @@
 // CudaBackend::RoutedExperts (permute, planned cuBLAS expert GEMMs, SiLU-mul over the real rows,
 // combine) recorded into a CUDA graph (Backend::Capture) and replayed, at the Moonlight shape (64
 // experts, top-6, hidden 2048, moe_intermediate 1408) and the DeepSeek-V3 shape (256 experts,
-// top-8, hidden 7168, moe_intermediate 2048), bf16 weights, 64 / 128 / 256 tokens, uniform
-// random distinct top-k routing (one routing per case), twice per case (the spread between two
-// runs of the same case).
+// top-8, hidden 7168, moe_intermediate 2048), bf16 weights, 1 / 8 / 64 / 128 / 256 tokens,
+// uniform random distinct top-k routing (one routing per case), twice per case (the spread
+// between two runs of the same case), in the default mode ("default": the planned cuBLAS chunks
+// from 3 tokens) and in the batch-invariant mode ("bi", CudaTuning::batch_invariant: the grouped
+// Bf16MmaGroupedGemm at every size).
 //
 // Time: 20 replays (V3: 4) back to back between two stream synchronisations, wall clock per
 // replay, median of 7 (after 3 warm-up replays). The weights of the busy experts (what the layer
@@ -144,14 +146,23 @@ double TimeLayer(CudaBackend& b, const RoutedExpertsArgs& a, int64_t out_n,
 int Main(int argc, char** argv) {
   const std::string only_shape = argc > 1 ? argv[1] : "";
   auto backend = CudaBackend::Create(0, WeightDType::kBFloat16);
-  if (!backend.ok()) {
-    std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
-    return 1;
+  CudaTuning invariant_tuning;
+  invariant_tuning.batch_invariant = true;
+  auto invariant = CudaBackend::Create(0, WeightDType::kBFloat16, invariant_tuning);
+  for (const auto* created : {&backend, &invariant}) {
+    if (!created->ok()) {
+      std::fprintf(stderr, "%s\n", created->status().ToString().c_str());
+      return 1;
+    }
   }
   CudaBackend& b = **backend;
+  const struct {
+    const char* name;
+    CudaBackend* backend;
+  } modes[] = {{"default", &b}, {"bi", invariant->get()}};
   const Shape shapes[] = {{"moonlight", 64, 6, 2048, 1408}, {"v3", 256, 8, 7168, 2048}};
-  std::printf("%-9s %6s %5s %12s | %-5s %9s %8s %9s %10s\n", "shape", "tokens", "busy",
-              "weights MB", "run", "us", "GB/s", "of 4.3TB", "diff");
+  std::printf("%-9s %6s %5s %12s %-7s | %-5s %9s %8s %9s %10s\n", "shape", "tokens", "busy",
+              "weights MB", "mode", "run", "us", "GB/s", "of 4.3TB", "diff");
   for (const Shape& s : shapes) {
     if (!only_shape.empty() && only_shape != s.name) continue;
     const size_t per_expert = 3 * s.inter * s.hidden * 2;
@@ -160,28 +171,31 @@ int Main(int argc, char** argv) {
     if (cudaMemset(weights->data(), 0x3c, per_expert * s.experts) != cudaSuccess) {
       Fail("cudaMemset(weights)");
     }
-    for (int32_t tokens : {64, 128, 256}) {
-      Layer l = MakeLayer(b, s, tokens, static_cast<const char*>(weights->data()),
-                          static_cast<uint32_t>(tokens));
-      const RoutedExpertsArgs a = ArgsFor(s, tokens, l);
-      const double bytes = static_cast<double>(l.busy_experts) * per_expert;
-      std::vector<float> old_out;
-      for (int run = 1; run <= 2; ++run) {
-        std::vector<float> out;
-        const double us = TimeLayer(b, a, tokens * s.hidden, &out);
-        double diff = 0;
-        if (old_out.empty()) {
-          old_out = out;
-        } else {
-          for (size_t i = 0; i < out.size(); ++i) {
-            diff = std::max(diff, std::abs(static_cast<double>(out[i]) - old_out[i]));
+    for (int32_t tokens : {1, 8, 64, 128, 256}) {
+      for (const auto& mode : modes) {
+        CudaBackend& mb = *mode.backend;
+        Layer l = MakeLayer(mb, s, tokens, static_cast<const char*>(weights->data()),
+                            static_cast<uint32_t>(tokens));
+        const RoutedExpertsArgs a = ArgsFor(s, tokens, l);
+        const double bytes = static_cast<double>(l.busy_experts) * per_expert;
+        std::vector<float> old_out;
+        for (int run = 1; run <= 2; ++run) {
+          std::vector<float> out;
+          const double us = TimeLayer(mb, a, tokens * s.hidden, &out);
+          double diff = 0;
+          if (old_out.empty()) {
+            old_out = out;
+          } else {
+            for (size_t i = 0; i < out.size(); ++i) {
+              diff = std::max(diff, std::abs(static_cast<double>(out[i]) - old_out[i]));
+            }
           }
+          const double gbs = bytes / (us * 1e-6) / 1e9;
+          std::printf("%-9s %6d %5lld %12.1f %-7s | %-5d %9.1f %8.0f %9.3f %10.3g\n", s.name,
+                      tokens, static_cast<long long>(l.busy_experts), bytes / 1e6, mode.name, run,
+                      us, gbs, gbs * 1e9 / kRooflineBytesPerSecond, diff);
+          std::fflush(stdout);
         }
-        const double gbs = bytes / (us * 1e-6) / 1e9;
-        std::printf("%-9s %6d %5lld %12.1f | %-5d %9.1f %8.0f %9.3f %10.3g\n", s.name, tokens,
-                    static_cast<long long>(l.busy_experts), bytes / 1e6, run, us, gbs,
-                    gbs * 1e9 / kRooflineBytesPerSecond, diff);
-        std::fflush(stdout);
       }
     }
   }

@@ -43,13 +43,41 @@ void V4Attention::NormedGemms(int64_t T, int64_t dim, float* x, const float* wei
 }
 
 bool V4Attention::NormRopeBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x,
-                               uint16_t* out, const int32_t* positions, const float* inv_freq,
-                               float factor) {
+                               const uint16_t* x_bf16, uint16_t* out, const int32_t* positions,
+                               const float* inv_freq, float factor) {
   NormRopeArgs a;
   a.tokens = tokens, a.heads = heads, a.dim = dim, a.rope_dim = config_.rope_dim;
-  a.x = x, a.weight = ones_, a.eps = static_cast<float>(config_.rms_norm_eps), a.out_bf16 = out;
+  a.x = x, a.x_bf16 = x_bf16, a.weight = ones_, a.eps = static_cast<float>(config_.rms_norm_eps);
+  a.out_bf16 = out;
   a.positions = positions, a.inv_freq = inv_freq, a.attention_factor = factor;
   return ops_->NormRope(a);
+}
+
+bool V4Attention::QueryBf16(int64_t T, float* qr, const V4AttentionWeights& A,
+                            const int32_t* positions, const float* inv_freq, float factor,
+                            DeviceBuffer* iq, std::unique_ptr<DeviceBuffer>* q16) {
+  const DeepseekV4Config& c = config_;
+  const int64_t NH = c.num_heads, D = c.head_dim, QL = c.q_lora_rank;
+  auto normed = backend_->AllocateScratch(T * QL * sizeof(uint16_t));
+  backend_->AddRmsNorm(T, QL, qr, nullptr, A.q_a_norm->as<float>(),
+                       static_cast<float>(c.rms_norm_eps), nullptr, normed->as<uint16_t>());
+  const ActivationView nv = ActivationView::Bf16(normed->as<uint16_t>());
+  *q16 = backend_->AllocateScratch(T * NH * D * sizeof(uint16_t));
+  uint16_t* q16p = (*q16)->as<uint16_t>();
+  bool roped;
+  if (backend_->GemmToBf16(T, NH * D, QL, nv, QL, weights_->Matrix(A.q_b), QL, q16p, NH * D)) {
+    roped = NormRopeBf16(T, NH, D, nullptr, q16p, q16p, positions, inv_freq, factor);
+  } else {
+    auto q = Floats(T * NH * D);
+    backend_->Gemm(T, NH * D, QL, nv, QL, weights_->Matrix(A.q_b), QL, q->as<float>(), NH * D,
+                   false);
+    roped = NormRopeBf16(T, NH, D, q->as<float>(), nullptr, q16p, positions, inv_freq, factor);
+  }
+  if (iq != nullptr) {
+    const int64_t n = c.index_n_heads * c.index_head_dim;
+    backend_->Gemm(T, n, QL, nv, QL, weights_->Matrix(A.index_q_b), QL, iq->as<float>(), n, false);
+  }
+  return roped;
 }
 
 NormRopeArgs V4Attention::NormRopeArgsOf(int64_t tokens, int64_t heads, int64_t dim, const float* x,
@@ -195,28 +223,38 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
 
   // Queries: q = q_b RmsNorm(q_residual) (the indexer's queries: index_q_b of the same normed
   // rows), normed per head, rope slice.
-  auto q = Floats(T * NH * D);
-  std::vector<NormedGemm> q_gemms = {{NH * D, weights_->Matrix(A.q_b), QL, q->as<float>(), NH * D}};
-  std::unique_ptr<DeviceBuffer> iq;
-  if (sparse) {
-    iq = Floats(T * IH * ID);
-    q_gemms.push_back({IH * ID, weights_->Matrix(A.index_q_b), QL, iq->as<float>(), IH * ID});
-  }
-  NormedGemms(T, QL, qr->as<float>(), A.q_a_norm->as<float>(), q_gemms);
   // The query and the attention's output in bf16 where the backend takes them (prefill with
   // bf16 weights): the query normed, roped and rounded in one pass (the rounding the bf16
   // attention applies), the output rotated back and rounded in the attention's epilogue (the
   // rounding the bf16 o_a GEMM applies).
   const bool bf16_qo = fused_ops_ && ops_->TakesBf16Attention(T, NH, D) &&
                        weights_->Matrix(A.o_a).dtype == WeightDType::kBFloat16;
-  std::unique_ptr<DeviceBuffer> q16;
-  if (bf16_qo) {
-    q16 = backend_->AllocateScratch(T * NH * D * sizeof(uint16_t));
-    if (!NormRopeBf16(T, NH, D, q->as<float>(), q16->as<uint16_t>(), plan.positions(), inv,
-                      factor)) {
+  // With bf16 q_b (and index_q_b) weights the bf16 query is q_b's bf16 output normed and roped in
+  // place (QueryBf16).
+  const WeightView q_b = weights_->Matrix(A.q_b);
+  std::unique_ptr<DeviceBuffer> q, q16, iq;
+  if (sparse) iq = Floats(T * IH * ID);
+  if (bf16_qo && q_b.dtype == WeightDType::kBFloat16 &&
+      (!sparse || weights_->Matrix(A.index_q_b).dtype == WeightDType::kBFloat16)) {
+    if (!QueryBf16(T, qr->as<float>(), A, plan.positions(), inv, factor, iq.get(), &q16)) {
       return absl::InternalError("V4Attention: the backend took a bf16 query but not its NormRope");
     }
-    q.reset();
+  } else {
+    q = Floats(T * NH * D);
+    std::vector<NormedGemm> q_gemms = {{NH * D, q_b, QL, q->as<float>(), NH * D}};
+    if (sparse) {
+      q_gemms.push_back({IH * ID, weights_->Matrix(A.index_q_b), QL, iq->as<float>(), IH * ID});
+    }
+    NormedGemms(T, QL, qr->as<float>(), A.q_a_norm->as<float>(), q_gemms);
+    if (bf16_qo) {
+      q16 = backend_->AllocateScratch(T * NH * D * sizeof(uint16_t));
+      if (!NormRopeBf16(T, NH, D, q->as<float>(), nullptr, q16->as<uint16_t>(), plan.positions(),
+                        inv, factor)) {
+        return absl::InternalError(
+            "V4Attention: the backend took a bf16 query but not its NormRope");
+      }
+      q.reset();
+    }
   }
   // The shared K = V head; in one op with the fp32 query's, which is normed per head in place (no
   // second [T, NH * D] buffer).
@@ -328,11 +366,23 @@ absl::Status V4Attention::Forward(int64_t layer, const V4StepContext& ctx, float
       bf16_qo ? ActivationView::Bf16(o->as<uint16_t>()) : ActivationView(o->as<float>());
   // Grouped output projection: group g of heads through o_a's rows of group g, then o_b.
   const int64_t G = c.o_groups, OL = c.o_lora_rank, in = NH * D / G;
+  const WeightView o_a = weights_->Matrix(A.o_a), o_b = weights_->Matrix(A.o_b);
+  // With the bf16 output and bf16 o_b, the groups' products in bf16 where the backend writes them
+  // so (Backend::BatchedGemmToBf16): the rounding o_b's bf16 operand gets anyway (and HF's bf16
+  // o_a applies), without an fp32 buffer written, read and rounded between the two.
+  if (bf16_qo && o_b.dtype == WeightDType::kBFloat16) {
+    auto og16 = backend_->AllocateScratch(T * G * OL * sizeof(uint16_t));
+    if (backend_->BatchedGemmToBf16(G, T, OL, in, ov, NH * D, in, o_a, in, OL * in,
+                                    og16->as<uint16_t>(), G * OL, OL)) {
+      backend_->Gemm(T, H, G * OL, ActivationView::Bf16(og16->as<uint16_t>()), G * OL, o_b, G * OL,
+                     out, H, false);
+      return absl::OkStatus();
+    }
+  }
   auto og = Floats(T * G * OL);
-  backend_->BatchedGemm(G, T, OL, in, ov, NH * D, in, weights_->Matrix(A.o_a), in, OL * in,
-                        og->as<float>(), G * OL, OL);
-  backend_->Gemm(T, H, G * OL, og->as<float>(), G * OL, weights_->Matrix(A.o_b), G * OL, out, H,
-                 false);
+  backend_->BatchedGemm(G, T, OL, in, ov, NH * D, in, o_a, in, OL * in, og->as<float>(), G * OL,
+                        OL);
+  backend_->Gemm(T, H, G * OL, og->as<float>(), G * OL, o_b, G * OL, out, H, false);
   return absl::OkStatus();
 }
 

@@ -97,9 +97,20 @@ class V4Attention {
   // takes the two, else each alone.
   void NormRopePair(const NormRopeArgs& first, const NormRopeArgs& second);
   // The query's per-head norm (no weight) and rope, rounded to bf16 into out: V4Ops::NormRope
-  // with out_bf16 (where V4Ops::TakesBf16Attention); false where the backend did not take it.
-  bool NormRopeBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x, uint16_t* out,
-                    const int32_t* positions, const float* inv_freq, float factor);
+  // with out_bf16 (where V4Ops::TakesBf16Attention) of the fp32 rows x or the bf16 rows x_bf16
+  // (the other null; out may be x_bf16); false where the backend did not take it.
+  bool NormRopeBf16(int64_t tokens, int64_t heads, int64_t dim, const float* x,
+                    const uint16_t* x_bf16, uint16_t* out, const int32_t* positions,
+                    const float* inv_freq, float factor);
+  // The bf16 query of a prefill (V4Ops::TakesBf16Attention, bf16 q_b and index_q_b): q_b of
+  // RmsNorm(q_residual) (qr; the norm rounded to bf16 as NormedGemms rounds it) written in bf16
+  // where the backend does (Backend::GemmToBf16: the rounding of HF's bf16 q_b), then normed and
+  // roped in place into *q16 (else q_b's product in fp32, then NormRopeBf16 from it); the
+  // indexer's queries index_q_b of the same normed rows into iq (null: none). False where the
+  // backend did not take the NormRope.
+  bool QueryBf16(int64_t T, float* qr, const V4AttentionWeights& A, const int32_t* positions,
+                 const float* inv_freq, float factor, DeviceBuffer* iq,
+                 std::unique_ptr<DeviceBuffer>* q16);
   // One compressor's projection rows [T, row_floats] (kv then gate) as two of NormedGemms'
   // gemms; returns the rows' buffer.
   std::unique_ptr<DeviceBuffer> CompressorRows(int64_t T, const V4CompressorPlan& cp,

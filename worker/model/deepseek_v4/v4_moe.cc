@@ -47,15 +47,32 @@ V4Moe::V4Moe(const DeepseekV4Config& config, DeepseekV4Weights* weights,
   BuildExpertTables();
 }
 
-void V4Moe::Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out, bool accumulate) {
+void V4Moe::Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out, bool accumulate,
+                bool fused) {
   const int64_t H = config_.hidden_size, I = w.inter;
+  const WeightView gate_up = weights_->Matrix(w.gate_up), down = weights_->Matrix(w.down);
+  // Prefill with bf16 weights: the gate / up values and the activation in bf16 where the backend
+  // writes them so (Backend::GemmToBf16, V4Ops::SwiGluClampedBf16), as HF's bf16 model rounds
+  // them; half the bytes of the fp32 path between the GEMMs and no rounding pass before down.
+  if (fused && rows >= kBf16MlpMinRows && down.dtype == WeightDType::kBFloat16) {
+    auto gu16 = backend_->AllocateScratch(rows * 2 * I * sizeof(uint16_t));
+    auto act16 = backend_->AllocateScratch(rows * I * sizeof(uint16_t));
+    if (backend_->GemmToBf16(rows, 2 * I, H, h, H, gate_up, H, gu16->as<uint16_t>(), 2 * I)) {
+      if (backend_->v4_ops()->SwiGluClampedBf16(rows, I, gu16->as<uint16_t>(),
+                                                static_cast<float>(config_.swiglu_limit),
+                                                act16->as<uint16_t>())) {
+        backend_->Gemm(rows, H, I, ActivationView::Bf16(act16->as<uint16_t>()), I, down, I, out, H,
+                       accumulate);
+        return;
+      }
+    }
+  }
   auto gu = Floats(rows * 2 * I);
-  backend_->Gemm(rows, 2 * I, H, h, H, weights_->Matrix(w.gate_up), H, gu->as<float>(), 2 * I,
-                 false);
+  backend_->Gemm(rows, 2 * I, H, h, H, gate_up, H, gu->as<float>(), 2 * I, false);
   auto act = Floats(rows * I);
   backend_->v4_ops()->SwiGluClamped(rows, I, gu->as<float>(),
                                     static_cast<float>(config_.swiglu_limit), act->as<float>());
-  backend_->Gemm(rows, H, I, act->as<float>(), I, weights_->Matrix(w.down), I, out, H, accumulate);
+  backend_->Gemm(rows, H, I, act->as<float>(), I, down, I, out, H, accumulate);
 }
 
 bool V4Moe::ExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
@@ -89,7 +106,7 @@ bool V4Moe::ExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const i
   if (fused && distinct_experts_[layer] && backend_->RoutedAndSharedExperts(a)) return true;
   if (!backend_->RoutedExperts(a)) return false;
   // The shared expert after the routed sum, as HF adds them.
-  Mlp(shared, rows, h, out, /*accumulate=*/true);
+  Mlp(shared, rows, h, out, /*accumulate=*/true, fused);
   return true;
 }
 
@@ -178,7 +195,7 @@ absl::Status V4Moe::Forward(int64_t layer, int64_t rows, const float* h, const i
   st = dispatcher_->Combine(d, expert_out->as<float>(), out);
   if (!st.ok()) return st;
   // The shared expert after the routed sum, as HF adds them.
-  if (rows > 0) Mlp(L.shared, rows, h, out, /*accumulate=*/true);
+  if (rows > 0) Mlp(L.shared, rows, h, out, /*accumulate=*/true, mode.fused);
   return absl::OkStatus();
 }
 

@@ -46,7 +46,8 @@ class V4Moe {
 
   // How Forward runs the experts.
   struct Mode {
-    bool fused = true;                 // RoutedAndSharedExperts where the backend takes it
+    // RoutedAndSharedExperts where the backend takes it; the shared expert's bf16 path (Mlp).
+    bool fused = true;
     bool device_only = false;          // a recorded step: FAILED_PRECONDITION unless on the device
     const int32_t* counted = nullptr;  // EPLB counts this many (token, expert) pairs (device)
   };
@@ -65,8 +66,15 @@ class V4Moe {
                                std::vector<std::map<int64_t, MlpWeights>> loaded);
 
  private:
-  // out (+)= the clamped SwiGLU MLP w of h.
-  void Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out, bool accumulate);
+  // out (+)= the clamped SwiGLU MLP w of h; with fused ops from kBf16MlpMinRows rows its gate /
+  // up values and activation in bf16 where the backend takes them (Backend::GemmToBf16, then
+  // V4Ops::SwiGluClampedBf16), else in fp32. If the GEMM is taken but not the activation, the
+  // GEMM runs again in fp32.
+  void Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out, bool accumulate,
+           bool fused);
+  // Prefill sizes (CudaBackend takes GemmToBf16 from 512 rows): below, no bf16 buffers are
+  // allocated for a try.
+  static constexpr int64_t kBf16MlpMinRows = 512;
   // The routed (and shared) experts of `layer` as one device op; false where the backend has
   // none for them (nothing done).
   bool ExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
