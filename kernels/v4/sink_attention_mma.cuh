@@ -85,6 +85,21 @@ __device__ __forceinline__ void SplitPair(float a, float b, uint32_t* hi, uint32
   *lo = Bf16x2Bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
 }
 
+// Output columns (c, c + 1) of a head, y0 and y1 (normalised), as the bf16 kernels' out_bf16
+// holds them: rotated back by the rope table's (cos, sin) where c lies in the rope slice (from
+// rope_begin), then rounded to a bf16 pair (y0 in the low half).
+__device__ __forceinline__ uint32_t OutputPairBf16(float y0, float y1, int c, int rope_begin,
+                                                   const float2* rope) {
+  if (c >= rope_begin) {
+    const float2 cs = rope[(c - rope_begin) / 2];
+    const float r0 = rope::RotatedFirst(y0, y1, cs.x, cs.y);
+    const float r1 = rope::RotatedSecond(y0, y1, cs.x, cs.y);
+    y0 = r0;
+    y1 = r1;
+  }
+  return sm80::PackBf16(y0, y1);
+}
+
 // Writes 4 floats as bf16 hi (and lo) at dst_hi[0..3] (dst_lo).
 template <bool kExact>
 __device__ __forceinline__ void StoreFour(float4 v, __nv_bfloat16* dst_hi, __nv_bfloat16* dst_lo) {
@@ -285,16 +300,8 @@ __device__ __forceinline__ void StoreOutBf16(const SinkAttentionParams& p, int64
     uint32_t* dst = reinterpret_cast<uint32_t*>(qh + (pair * 16 + g + 8 * r) * kMmaLd + col);
 #pragma unroll
     for (int nt = 0; nt < kMmaOutTiles; ++nt) {
-      float y0 = o[nt][2 * r] * inv, y1 = o[nt][2 * r + 1] * inv;
-      const int c = col + nt * 8;
-      if (c >= rope_begin) {
-        const float2 cs = rope[(c - rope_begin) / 2];
-        const float r0 = rope::RotatedFirst(y0, y1, cs.x, cs.y);
-        const float r1 = rope::RotatedSecond(y0, y1, cs.x, cs.y);
-        y0 = r0;
-        y1 = r1;
-      }
-      dst[nt * 4] = sm80::PackBf16(y0, y1);
+      dst[nt * 4] = OutputPairBf16(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv, col + nt * 8,
+                                   rope_begin, rope);
     }
   }
   PairBarrier(pair);

@@ -308,16 +308,8 @@ __device__ __forceinline__ void StorePrefillOut(const SinkAttentionParams& p, in
         uint32_t* dst = reinterpret_cast<uint32_t*>(stage + hl * kMmaLd + col);
 #pragma unroll
         for (int nt = 0; nt < PrefillShape::kOutTiles; ++nt) {
-          float y0 = o[mt][nt][2 * r] * inv, y1 = o[mt][nt][2 * r + 1] * inv;
-          const int c = col + nt * 8;
-          if (c >= rope_begin) {
-            const float2 cs = rope[(c - rope_begin) / 2];
-            const float r0 = rope::RotatedFirst(y0, y1, cs.x, cs.y);
-            const float r1 = rope::RotatedSecond(y0, y1, cs.x, cs.y);
-            y0 = r0;
-            y1 = r1;
-          }
-          dst[nt * 4] = sm80::PackBf16(y0, y1);
+          dst[nt * 4] = OutputPairBf16(o[mt][nt][2 * r] * inv, o[mt][nt][2 * r + 1] * inv,
+                                       col + nt * 8, rope_begin, rope);
         }
       } else if (h0 + hl < p.heads) {
         float* dst = p.out + (t * p.heads + h0 + hl) * kMmaDim + col;
