@@ -63,8 +63,9 @@ int BatchInvariantGemmSplits(int64_t batch, int64_t n, int64_t k);
 bool BatchInvariantGemmPipelinedSupports(const BatchInvariantGemmParams& p);
 
 // A launch's tile for BatchInvariantGemmPipelined: rows (16, 32, 64 or 128) x columns (64 or
-// 128); 0 picks it (rows: the smallest tile that holds m, at most 128; columns: 128 where that
-// gives at least 264 blocks, else 64). The tile never changes a bit of the outputs.
+// 128); 0 picks it (up to 64 rows: the smallest row tile that holds m, and 128 columns where
+// that gives at least 132 blocks, else 64; above 64 rows: 128 columns, and 128 rows where that
+// gives at least 128 blocks, else 64). The tile never changes a bit of the outputs.
 struct BatchInvariantGemmTile {
   int rows = 0;
   int columns = 0;

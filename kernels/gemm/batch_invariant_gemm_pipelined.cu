@@ -42,9 +42,12 @@ constexpr int kMaxSplits = 8;                   // the portable cluster size
 // changes the sum order (the bits), never the invariance.
 constexpr int64_t kSplitMinBlocks = 128;
 constexpr int64_t kMinSplitSteps = 4;
-// 128-column tiles from this many blocks (two blocks on each of the H200's 132 SMs), else 64: a
-// guess (`small_m_gemm_bench batch-invariant-tiles` times every tile); the tile changes no bit.
-constexpr int64_t kWideMinBlocks = 264;
+// The tile picked (it changes no bit; `small_m_gemm_bench batch-invariant-tiles` times every
+// tile, docs/engine.md "Batch invariance"): up to 64 rows the smallest row tile that holds m,
+// 128 columns where that still gives kWideMinBlocks blocks (one a SM), else 64; above 64 rows
+// 128 columns, and 128 rows where that gives kTallMinBlocks blocks, else 64.
+constexpr int64_t kWideMinBlocks = 132;
+constexpr int64_t kTallMinBlocks = 128;
 // Rasterization: the blocks walk kGroupRowTiles row tiles down one column tile after another,
 // so the blocks in flight share a few activation tiles and each weight tile comes from memory
 // about once.
@@ -250,18 +253,49 @@ __global__ void __launch_bounds__(Pipe<kWarpsN, kN8>::kThreads, 2)
   } else {
     __syncthreads();
   }
-  // Slice `rank` of the tile's rows x columns, row-major (consecutive threads, consecutive
-  // columns of c).
-  const int elems = T::kRows * T::kColumns / splits;
+  // Slice `rank` of the tile's rows x columns, row-major, in groups of 4 consecutive columns
+  // (consecutive threads, consecutive groups of c). A group's partials from every split are
+  // loaded before any is added, so their distributed-shared-memory latencies overlap; the sum is
+  // still p_0 + p_1 + ... in split order.
+  constexpr int kGroup = 4;
+  static_assert(T::kColumns % kGroup == 0 && T::kRedPitch % kGroup == 0, "float4 groups");
+  const float* parts[kMaxSplits];
+#pragma unroll
+  for (int q = 0; q < kMaxSplits; ++q) {
+    parts[q] = q < splits ? (splits > 1 ? InClusterBlock(red, q) : red) : red;
+  }
+  const bool c_vectors = p.ldc % kGroup == 0 && (p.batch == 1 || p.stride_c % kGroup == 0) &&
+                         reinterpret_cast<uintptr_t>(p.c) % 16 == 0;
+  const int groups = T::kRows * T::kColumns / kGroup / splits;
   const int valid_rows = static_cast<int>(min(static_cast<int64_t>(T::kRows), p.m - row0));
-  for (int e = rank * elems + tid; e < (rank + 1) * elems; e += T::kThreads) {
-    const int row = e / T::kColumns, col = e % T::kColumns;
+  for (int e = rank * groups + tid; e < (rank + 1) * groups; e += T::kThreads) {
+    const int row = e * kGroup / T::kColumns, col = e * kGroup % T::kColumns;
     if (row >= valid_rows || col0 + col >= p.n) continue;
     const int at = row * T::kRedPitch + col;
-    float sum = splits > 1 ? InClusterBlock(red, 0)[at] : red[at];
-    for (int q = 1; q < splits; ++q) sum += InClusterBlock(red, q)[at];
+    float4 part[kMaxSplits];
+#pragma unroll
+    for (int q = 0; q < kMaxSplits; ++q) {
+      if (q < splits) part[q] = *reinterpret_cast<const float4*>(parts[q] + at);
+    }
+    float4 sum = part[0];
+#pragma unroll
+    for (int q = 1; q < kMaxSplits; ++q) {
+      if (q < splits) sum.x += part[q].x, sum.y += part[q].y, sum.z += part[q].z, sum.w += part[q].w;
+    }
     float* out = c + (row0 + row) * p.ldc + col0 + col;
-    *out = p.accumulate ? *out + sum : sum;
+    if (c_vectors && col0 + col + kGroup <= p.n) {
+      float4* out4 = reinterpret_cast<float4*>(out);
+      if (p.accumulate) {
+        const float4 o = *out4;
+        sum.x = o.x + sum.x, sum.y = o.y + sum.y, sum.z = o.z + sum.z, sum.w = o.w + sum.w;
+      }
+      *out4 = sum;
+    } else {
+      const float s[kGroup] = {sum.x, sum.y, sum.z, sum.w};
+      for (int z = 0; z < kGroup && col0 + col + z < p.n; ++z) {
+        out[z] = p.accumulate ? out[z] + s[z] : s[z];
+      }
+    }
   }
   if (splits > 1) ClusterSync();  // no block leaves while others read its shared memory
 }
@@ -376,13 +410,15 @@ cudaError_t BatchInvariantGemmPipelined(const BatchInvariantGemmParams& p, cudaS
                                         BatchInvariantGemmTile tile) {
   if (!BatchInvariantGemmPipelinedSupports(p)) return cudaErrorInvalidValue;
   const int splits = BatchInvariantGemmSplits(p.batch, p.n, p.k);
+  const int64_t wide_tiles = p.batch * ((p.n + 127) / 128) * splits;  // per row tile
   int rows = tile.rows;
-  if (rows == 0) rows = p.m <= 16 ? 16 : p.m <= 32 ? 32 : p.m <= 64 ? 64 : 128;
+  if (rows == 0) {
+    rows = p.m <= 16 ? 16 : p.m <= 32 ? 32 : 64;
+    if (p.m > 64 && (p.m + 127) / 128 * wide_tiles >= kTallMinBlocks) rows = 128;
+  }
   const int64_t row_tiles = (p.m + rows - 1) / rows;
   int columns = tile.columns;
-  if (columns == 0) {
-    columns = p.batch * ((p.n + 127) / 128) * splits * row_tiles >= kWideMinBlocks ? 128 : 64;
-  }
+  if (columns == 0) columns = p.m > 64 || row_tiles * wide_tiles >= kWideMinBlocks ? 128 : 64;
   const Variant* v = FindVariant(rows, columns);
   if (v == nullptr) return cudaErrorInvalidValue;
   const int64_t column_tiles = (p.n + columns - 1) / columns;

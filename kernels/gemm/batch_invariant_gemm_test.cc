@@ -153,7 +153,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 4100, 512, 2},  // 65 tiles: 2 splits of 4 steps
                       Case{1, 2000, 1024, 4},  // 32 tiles: 4 splits of 4 steps
                       Case{1, 200, 2056, 8},   // 4 tiles: 8 splits, the last step 8 wide
-                      Case{4, 96, 520, 2}));   // a batch of 4: 8 tiles, 9 steps in 2 splits
+                      Case{4, 96, 520, 2},     // a batch of 4: 8 tiles, 9 steps in 2 splits
+                      Case{1, 1030, 512, 2}));  // rows of c not 16-byte aligned: scalar stores
 
 TEST(BatchInvariantGemmPipelinedTest, RefusesWhatItDoesNotTake) {
   BatchInvariantGemmParams p;
