@@ -304,15 +304,4 @@ void CudaV4Ops::SwiGluClamped(int64_t rows, int64_t inter, const float* x, float
   }
 }
 
-bool CudaV4Ops::SwiGluClampedBf16(int64_t rows, int64_t inter, const uint16_t* x, float limit,
-                                  uint16_t* out) {
-  CudaBackend::OpTimer timer(backend_, "V4SwiGluClampedBf16");
-  const cudaError_t err =
-      kernels::SiluMulBf16(rows, inter, x, out, backend_->stream_, nullptr, std::max(limit, 0.0f));
-  if (err != cudaSuccess) {
-    RecordFailure(err, "kernels::SiluMulBf16", absl::StrCat("rows ", rows, ", inter ", inter));
-  }
-  return true;
-}
-
 }  // namespace deepinfer
