@@ -101,12 +101,12 @@ struct SinkAttentionParams : SinkAttentionArgs {
   // token in turn (0: one per SM, at most one per token). Tests and the benchmark set it.
   int32_t prefill_blocks = 0;
   // bf16 copies of the key rows' buffers, read only by kTensorCoreBf16Prefill (the other
-  // kernels ignore them): each the bits of its buffer's values
-  // rounded to bf16 (nearest even, as RoundF32ToBf16 rounds), kv's and the ring's at the same
-  // element offsets, the entries' in SinkEntriesBf16's layout; a row whose buffer has a copy is read from it, with the same
-  // result. Each may be absent (that buffer's rows are read in fp32); each given one 16-byte
-  // aligned; ring_bf16 needs ring_stride a multiple of 8 and entries_bf16 the entries'
-  // block_floats a multiple of 8. Only the rows the tokens read need to hold their values.
+  // kernels ignore them): each the bits of its buffer's values rounded to bf16 (nearest even, as
+  // RoundF32ToBf16 rounds), kv's and the ring's at the same element offsets, the entries' in
+  // SinkEntriesBf16's layout; a row whose buffer has a copy is read from it, with the same result.
+  // Each may be absent (that buffer's rows are read in fp32); each given one 16-byte aligned;
+  // ring_bf16 needs ring_stride a multiple of 8 and entries_bf16 the entries' block_floats a
+  // multiple of 8. Only the rows the tokens read need to hold their values.
   const uint16_t* kv_bf16 = nullptr;    // kv's [tokens, dim]
   const uint16_t* ring_bf16 = nullptr;  // ring's slots of ring_stride values
   SinkEntriesBf16 entries_bf16;         // data null: none

@@ -240,9 +240,9 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
     const SinkAttentionKernel k =
         prefill_kernel ? SinkAttentionKernel::kTensorCoreBf16Prefill
         : bf16_io      ? SinkAttentionKernel::kTensorCoreBf16
-                  : std::array<SinkAttentionKernel, 3>{SinkAttentionKernel::kTensorCoreExact,
-                                                       SinkAttentionKernel::kTensorCoreBf16,
-                                                       SinkAttentionKernel::kCudaCore}[variant];
+                       : std::array<SinkAttentionKernel, 3>{SinkAttentionKernel::kTensorCoreExact,
+                                                            SinkAttentionKernel::kTensorCoreBf16,
+                                                            SinkAttentionKernel::kCudaCore}[variant];
     const char* kname = variant == 5   ? "tensor_core_bf16_prefill_io"
                         : variant == 6 ? "tensor_core_bf16_prefill_io_kv"
                         : variant == 7 ? "tensor_core_bf16_prefill_io_kv_entries"

@@ -421,9 +421,9 @@ bool CudaBackend::GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, Acti
                                     uint16_t* out) {
   if (tuning_.batch_invariant) return false;
   if (w.dtype == WeightDType::kFp8E4M3 && swiglu_limit > 0.0f) {
-    Record(absl::InvalidArgumentError(absl::StrCat(
-        "CudaBackend::GateUpSiluMulBf16: FP8 weights with swiglu_limit ", swiglu_limit,
-        " (the clamped SwiGLU is taken with bf16 weights only)")));
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("CudaBackend::GateUpSiluMulBf16: FP8 weights with swiglu_limit ", swiglu_limit,
+                     " (the clamped SwiGLU is taken with bf16 weights only)")));
     return false;
   }
   if (w.dtype == WeightDType::kFp8E4M3 && rows >= kBf16GateUpMinRows && inter > 0) {
