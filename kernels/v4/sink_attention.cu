@@ -1,7 +1,6 @@
 // SinkAttentionF32: the kernel choice, the split count, the launches, the CUDA-core kernel and
 // the split combine, and the compact bf16 copy of the entries (SinkAttentionEntriesToBf16). The
-// tensor-core kernels are sink_attention_mma.cuh, sink_attention_bf16_rows.cuh and
-// sink_attention_prefill.cuh, compiled here.
+// tensor-core kernels are sink_attention_mma.cuh and sink_attention_prefill.cuh, compiled here.
 //
 // CUDA-core kernel (CoreBody): one block of 8 warps per (token, 16 heads, split). Q of the 16
 // heads sits in shared memory; the token's rows go through in tiles of 32 (rows padded to dim + 1
@@ -25,7 +24,6 @@
 #include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/v4/sink_attention.h"
-#include "kernels/v4/sink_attention_bf16_rows.cuh"
 #include "kernels/v4/sink_attention_mma.cuh"
 #include "kernels/v4/sink_attention_prefill.cuh"
 #include "kernels/v4/sink_attention_rows.cuh"
@@ -238,7 +236,6 @@ using sink::kMmaHeads;
 using sink::kMmaThreads;
 using sink::MmaShape;
 using sink::PrefillShape;
-using sink::RowsShape;
 
 bool Aligned(const void* ptr, size_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
@@ -308,8 +305,6 @@ const void* MmaKernel(SinkAttentionKernel k) {
   switch (k) {
     case SinkAttentionKernel::kTensorCoreExact:
       return reinterpret_cast<const void*>(EntryKernel<sink::MmaBody<true>, kMmaThreads>());
-    case SinkAttentionKernel::kTensorCoreBf16Rows:
-      return reinterpret_cast<const void*>(EntryKernel<sink::MmaRowsBody, kMmaThreads>());
     case SinkAttentionKernel::kTensorCoreBf16Prefill:
       return reinterpret_cast<const void*>(EntryKernel<sink::PrefillBody, kMmaThreads>());
     default:
@@ -321,8 +316,6 @@ size_t MmaSmemBytes(SinkAttentionKernel k) {
   switch (k) {
     case SinkAttentionKernel::kTensorCoreExact:
       return MmaShape<true>::kSmemBytes;
-    case SinkAttentionKernel::kTensorCoreBf16Rows:
-      return RowsShape::kSmemBytes;
     case SinkAttentionKernel::kTensorCoreBf16Prefill:
       return PrefillShape::kSmemBytes;
     default:
@@ -337,10 +330,6 @@ bool MmaKernelFits(SinkAttentionKernel k) {
   return f.error == cudaSuccess && f.ptx_version >= 80 && static_cast<size_t>(f.max_smem) >= smem;
 }
 
-bool HasBf16Rows(const SinkAttentionParams& p) {
-  return p.kv_bf16 != nullptr || p.ring_bf16 != nullptr || p.entries_bf16.data != nullptr;
-}
-
 // Heads per block of the kernel.
 int64_t HeadsPerBlock(SinkAttentionKernel k) {
   return k == SinkAttentionKernel::kCudaCore ? kCoreHeads : kMmaHeads;
@@ -353,7 +342,6 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
   // The bf16 forms are the bf16 tensor-core kernels'.
   const bool bf16_io = p.q_bf16 != nullptr || p.out_bf16 != nullptr;
   if (bf16_io && ((kernel != SinkAttentionKernel::kTensorCoreBf16 &&
-                   kernel != SinkAttentionKernel::kTensorCoreBf16Rows &&
                    kernel != SinkAttentionKernel::kTensorCoreBf16Prefill) ||
                   (p.q_bf16 != nullptr && !Aligned(p.q_bf16, 16)) ||
                   (p.out_bf16 != nullptr && !Aligned(p.out_bf16, 4)))) {
@@ -368,7 +356,6 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
     }
     case SinkAttentionKernel::kTensorCoreExact:
     case SinkAttentionKernel::kTensorCoreBf16:
-    case SinkAttentionKernel::kTensorCoreBf16Rows:
     case SinkAttentionKernel::kTensorCoreBf16Prefill: {
       // Rows move in 16-byte pieces: every row start (and, for an entry spread over blocks,
       // every block's) 16-byte aligned.
@@ -385,11 +372,9 @@ bool SinkAttentionKernelRuns(const SinkAttentionParams& p, SinkAttentionKernel k
            (p.selected != nullptr && p.selected_stride > kPrefillMaxSelected))) {
         return false;
       }
-      // The bf16 copies (kTensorCoreBf16Rows, kTensorCoreBf16Prefill; the others ignore them)
-      // move in 16-byte pieces of 8 values too.
-      const bool reads_copies = kernel == SinkAttentionKernel::kTensorCoreBf16Rows ||
-                                kernel == SinkAttentionKernel::kTensorCoreBf16Prefill;
-      if (reads_copies &&
+      // The bf16 copies (kTensorCoreBf16Prefill's; the others ignore them) move in 16-byte
+      // pieces of 8 values too.
+      if (kernel == SinkAttentionKernel::kTensorCoreBf16Prefill &&
           ((p.kv_bf16 != nullptr && !Aligned(p.kv_bf16, 16)) ||
            (p.ring_bf16 != nullptr && (!Aligned(p.ring_bf16, 16) || p.ring_stride % 8 != 0)) ||
            (p.entries_bf16.data != nullptr &&
@@ -415,9 +400,6 @@ SinkAttentionKernel SinkAttentionKernelFor(const SinkAttentionParams& p) {
       SinkAttentionKernelRuns(p, SinkAttentionKernel::kTensorCoreBf16Prefill)) {
     return SinkAttentionKernel::kTensorCoreBf16Prefill;
   }
-  if (HasBf16Rows(p) && SinkAttentionKernelRuns(p, SinkAttentionKernel::kTensorCoreBf16Rows)) {
-    return SinkAttentionKernel::kTensorCoreBf16Rows;
-  }
   if (p.q_bf16 != nullptr || p.out_bf16 != nullptr) {
     return SinkAttentionKernelRuns(p, SinkAttentionKernel::kTensorCoreBf16)
                ? SinkAttentionKernel::kTensorCoreBf16
@@ -431,8 +413,7 @@ SinkAttentionKernel SinkAttentionKernelFor(const SinkAttentionParams& p) {
 }
 
 bool SinkAttentionTakesBf16Io(int64_t dim) {
-  return dim == kSinkAttentionMmaDim && MmaKernelFits(SinkAttentionKernel::kTensorCoreBf16) &&
-         MmaKernelFits(SinkAttentionKernel::kTensorCoreBf16Rows);
+  return dim == kSinkAttentionMmaDim && MmaKernelFits(SinkAttentionKernel::kTensorCoreBf16);
 }
 
 cudaError_t SinkAttentionSplits(const SinkAttentionParams& p, int32_t* splits) {
@@ -541,10 +522,6 @@ cudaError_t SinkAttentionF32(const SinkAttentionParams& p, cudaStream_t stream) 
     case SinkAttentionKernel::kTensorCoreBf16:
       e = LaunchAfterPrecedingGrids<sink::MmaBody<false>, kMmaThreads>(
           grid, MmaShape<false>::kSmemBytes, stream, p, splits);
-      break;
-    case SinkAttentionKernel::kTensorCoreBf16Rows:
-      e = LaunchAfterPrecedingGrids<sink::MmaRowsBody, kMmaThreads>(grid, RowsShape::kSmemBytes,
-                                                                    stream, p, splits);
       break;
     case SinkAttentionKernel::kTensorCoreBf16Prefill:
       e = LaunchAfterPrecedingGrids<sink::PrefillBody, kMmaThreads>(

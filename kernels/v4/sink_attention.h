@@ -42,8 +42,7 @@ struct SinkEntriesBf16 {
 enum class SinkAttentionKernel : int32_t {
   // kTensorCoreExact where it runs (SinkAttentionKernelRuns), else kCudaCore; with out_bf16
   // (a prefill: one split), kTensorCoreBf16Prefill where it runs; else with q_bf16 or
-  // out_bf16, kTensorCoreBf16; with a bf16 copy of a row buffer (kv_bf16, ring_bf16,
-  // entries_bf16), kTensorCoreBf16Rows.
+  // out_bf16, kTensorCoreBf16.
   kAuto = 0,
   // fp32 FMA on CUDA cores, 16 heads per block; any dim up to kMaxSinkAttentionDim.
   kCudaCore = 1,
@@ -55,15 +54,9 @@ enum class SinkAttentionKernel : int32_t {
   kTensorCoreExact = 2,
   // The same shapes with Q, K = V and P rounded to bf16 (one MMA per product; each operand
   // carries bf16's rounding, up to 2^-8 relative): the fast kernel for bf16 models. The only
-  // kernel that takes q_bf16 and out_bf16 (SinkAttentionTakesBf16Io), with kTensorCoreBf16Rows and
+  // kernel that takes q_bf16 and out_bf16 (SinkAttentionTakesBf16Io), with
   // kTensorCoreBf16Prefill.
   kTensorCoreBf16 = 3,
-  // kTensorCoreBf16's arithmetic, bit for bit its output, for the same shapes (and q_bf16,
-  // out_bf16), with its key rows read from bf16 copies of their buffers where the params give
-  // them (kv_bf16, ring_bf16, entries_bf16: half the bytes, no conversion in the kernel), the
-  // others converted as kTensorCoreBf16 converts them, into a double-buffered key tile (one
-  // block barrier per tile instead of two).
-  kTensorCoreBf16Rows = 4,
   // kTensorCoreBf16's operands and shapes (and q_bf16, out_bf16, the bf16 row copies) with one
   // split only and a selection stride of at most kPrefillMaxSelected: the prefill's kernel. Its
   // warps divide the work otherwise (sink_attention_prefill.cuh: scores over all dims per warp,
@@ -107,25 +100,24 @@ struct SinkAttentionParams : SinkAttentionArgs {
   // kTensorCoreBf16Prefill's blocks per group of 64 heads, each taking every such block count's
   // token in turn (0: one per SM, at most one per token). Tests and the benchmark set it.
   int32_t prefill_blocks = 0;
-  // bf16 copies of the key rows' buffers, read only by kTensorCoreBf16Rows and
-  // kTensorCoreBf16Prefill (the other kernels ignore them): each the bits of its buffer's values
-  // rounded to bf16 (nearest even, as RoundF32ToBf16 rounds), kv's and the ring's at the same
-  // element offsets, the entries' in SinkEntriesBf16's layout; a row whose buffer has a copy is read from it, with the same
-  // result. Each may be absent (that buffer's rows are read in fp32); each given one 16-byte
-  // aligned; ring_bf16 needs ring_stride a multiple of 8 and entries_bf16 the entries'
-  // block_floats a multiple of 8. Only the rows the tokens read need to hold their values.
+  // bf16 copies of the key rows' buffers, read only by kTensorCoreBf16Prefill (the other
+  // kernels ignore them): each the bits of its buffer's values rounded to bf16 (nearest even, as
+  // RoundF32ToBf16 rounds), kv's and the ring's at the same element offsets, the entries' in
+  // SinkEntriesBf16's layout; a row whose buffer has a copy is read from it, with the same result.
+  // Each may be absent (that buffer's rows are read in fp32); each given one 16-byte aligned;
+  // ring_bf16 needs ring_stride a multiple of 8 and entries_bf16 the entries' block_floats a
+  // multiple of 8. Only the rows the tokens read need to hold their values.
   const uint16_t* kv_bf16 = nullptr;    // kv's [tokens, dim]
   const uint16_t* ring_bf16 = nullptr;  // ring's slots of ring_stride values
   SinkEntriesBf16 entries_bf16;         // data null: none
 };
 
 // Whether the bf16 tensor-core kernels take q_bf16 and out_bf16 for queries of this dim on the
-// current device (dim 512, sm_80+, the shared memory of the first two): params with them run on
-// kTensorCoreBf16, kTensorCoreBf16Rows or kTensorCoreBf16Prefill (16-byte aligned q_bf16,
-// 4-byte aligned out_bf16; 16-byte aligned, it is written in 16-byte pieces) and one split
-// (num_splits 0 or 1); kAuto picks kTensorCoreBf16Prefill for out_bf16 where it runs (a
-// selection stride up to kPrefillMaxSelected), else kTensorCoreBf16 (kTensorCoreBf16Rows with a
-// bf16 copy of a row buffer).
+// current device (dim 512, sm_80+, kTensorCoreBf16's shared memory): params with them run on
+// kTensorCoreBf16 or kTensorCoreBf16Prefill (16-byte aligned q_bf16, 4-byte aligned out_bf16;
+// 16-byte aligned, it is written in 16-byte pieces) and one split (num_splits 0 or 1); kAuto
+// picks kTensorCoreBf16Prefill for out_bf16 where it runs (a selection stride up to
+// kPrefillMaxSelected, its shared memory), else kTensorCoreBf16.
 bool SinkAttentionTakesBf16Io(int64_t dim);
 
 // Whether `kernel` (not kAuto) runs these params on the current device: the shape and pointer

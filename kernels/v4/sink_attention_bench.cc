@@ -18,19 +18,13 @@
 //   tensor_core_bf16_io           kTensorCoreBf16;
 //   tensor_core_bf16_io_a4        the same with an output only 4-byte aligned (the kernel's
 //                                 4-byte store path instead of 16-byte stores);
-//   tensor_core_bf16_rows_io      kTensorCoreBf16Rows reading every row in fp32 (its
-//                                 double-buffered tile alone);
-//   tensor_core_bf16_rows_io_kv   with a bf16 copy of this step's keys (the backend's prefill
-//                                 call; the decode-shaped rows read no window row from it, the
-//                                 prefill rows every one);
-//   tensor_core_bf16_rows_io_all  with bf16 copies of every row buffer (kv, ring, stream);
-//   tensor_core_bf16_rows_io_kv_entries  with the copy of this step's keys and the compact copy
-//                                 of the entries' blocks, after a line timing that copy
-//                                 (SinkAttentionEntriesToBf16);
 //   tensor_core_bf16_prefill_io   kTensorCoreBf16Prefill reading every row in fp32;
-//   tensor_core_bf16_prefill_io_kv  with a bf16 copy of this step's keys;
-//   tensor_core_bf16_prefill_io_kv_entries  with it and the compact copy of the entries read
-//                                 without its tables (seq_stride: the backend's prefill call);
+//   tensor_core_bf16_prefill_io_kv  with a bf16 copy of this step's keys (the decode-shaped rows
+//                                 read no window row from it, the prefill rows every one);
+//   tensor_core_bf16_prefill_io_kv_entries  with it and the compact copy of the entries' blocks
+//                                 read without its tables (seq_stride: the backend's prefill
+//                                 call), after a line timing that copy
+//                                 (SinkAttentionEntriesToBf16);
 //   tensor_core_bf16_prefill_io_per_token  the _kv_entries call with a block per token
 //                                 (prefill_blocks = tokens) instead of one per SM taking tokens
 //                                 in turn;
@@ -76,8 +70,6 @@ const char* KernelName(SinkAttentionKernel k) {
       return "tensor_core_exact";
     case SinkAttentionKernel::kTensorCoreBf16:
       return "tensor_core_bf16";
-    case SinkAttentionKernel::kTensorCoreBf16Rows:
-      return "tensor_core_bf16_rows";
     case SinkAttentionKernel::kTensorCoreBf16Prefill:
       return "tensor_core_bf16_prefill";
     case SinkAttentionKernel::kAuto:
@@ -145,8 +137,8 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
     }
     return bits;
   };
-  // The row buffers and their bf16 copies (kTensorCoreBf16Rows' kv_bf16, ring_bf16,
-  // entries_bf16); the prefill reads no ring row.
+  // The row buffers and the bf16 copy of this step's keys (kTensorCoreBf16Prefill's kv_bf16);
+  // the prefill reads no ring row.
   const std::vector<float> kv = Uniform(batch * kDim, 2);
   const std::vector<float> ring =
       prefill ? std::vector<float>() : Uniform(batch * kWindow * kDim, 4);
@@ -154,9 +146,6 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
       layer.block_floats > 0 ? Uniform(static_cast<int64_t>(blocks.size()) * layer.block_floats, 5)
                              : std::vector<float>();
   const uint16_t* kv_bf16 = own(Upload(bf16_bits(kv)));
-  const uint16_t* ring_bf16 = prefill ? nullptr : own(Upload(bf16_bits(ring)));
-  const uint16_t* entries_bf16 =
-      layer.block_floats > 0 ? own(Upload(bf16_bits(stream_rows))) : nullptr;
   kernels::SinkAttentionParams p;
   p.tokens = batch;
   p.heads = kHeads;
@@ -243,48 +232,36 @@ void Run(int64_t batch, const Layer& layer, bool prefill, bool sweep_splits, cud
     std::printf("%-26s %-36s graph %8.2f us\n", name, "entries_to_bf16", ms * 1e3);
   }
   // The kernels, then the bf16 kernel with the bf16 query and output (one split; 16-byte, then
-  // 4-byte aligned output), then kTensorCoreBf16Rows with it (no bf16 copies, kv's, all, kv's
-  // and the compact entries), then kTensorCoreBf16Prefill (no copies, kv's, kv's and the
-  // compact entries with their seq_stride).
-  for (int variant = 0; variant < 13; ++variant) {
-    const bool bf16_io = variant >= 3, aligned4 = variant == 4, rows = variant >= 5;
-    const bool prefill_kernel = variant >= 9;
+  // 4-byte aligned output), then kTensorCoreBf16Prefill (no copies, kv's, kv's and the compact
+  // entries with their seq_stride, the same a block per token).
+  for (int variant = 0; variant < 9; ++variant) {
+    const bool bf16_io = variant >= 3, aligned4 = variant == 4;
+    const bool prefill_kernel = variant >= 5;
     const SinkAttentionKernel k =
         prefill_kernel ? SinkAttentionKernel::kTensorCoreBf16Prefill
-        : rows         ? SinkAttentionKernel::kTensorCoreBf16Rows
         : bf16_io      ? SinkAttentionKernel::kTensorCoreBf16
-                  : std::array<SinkAttentionKernel, 3>{SinkAttentionKernel::kTensorCoreExact,
-                                                       SinkAttentionKernel::kTensorCoreBf16,
-                                                       SinkAttentionKernel::kCudaCore}[variant];
-    const char* kname = variant == 5    ? "tensor_core_bf16_rows_io"
-                        : variant == 6  ? "tensor_core_bf16_rows_io_kv"
-                        : variant == 7  ? "tensor_core_bf16_rows_io_all"
-                        : variant == 8  ? "tensor_core_bf16_rows_io_kv_entries"
-                        : variant == 9  ? "tensor_core_bf16_prefill_io"
-                        : variant == 10 ? "tensor_core_bf16_prefill_io_kv"
-                        : variant == 11 ? "tensor_core_bf16_prefill_io_kv_entries"
-                        : variant == 12 ? "tensor_core_bf16_prefill_io_per_token"
-                        : aligned4      ? "tensor_core_bf16_io_a4"
-                        : bf16_io       ? "tensor_core_bf16_io"
-                                        : KernelName(k);
+                       : std::array<SinkAttentionKernel, 3>{SinkAttentionKernel::kTensorCoreExact,
+                                                            SinkAttentionKernel::kTensorCoreBf16,
+                                                            SinkAttentionKernel::kCudaCore}[variant];
+    const char* kname = variant == 5   ? "tensor_core_bf16_prefill_io"
+                        : variant == 6 ? "tensor_core_bf16_prefill_io_kv"
+                        : variant == 7 ? "tensor_core_bf16_prefill_io_kv_entries"
+                        : variant == 8 ? "tensor_core_bf16_prefill_io_per_token"
+                        : aligned4     ? "tensor_core_bf16_io_a4"
+                        : bf16_io      ? "tensor_core_bf16_io"
+                                       : KernelName(k);
     kernels::SinkAttentionParams kp = p;
     kp.kernel = k;
-    if (variant >= 6 && variant != 9) kp.kv_bf16 = kv_bf16;
-    if (variant == 8 || variant >= 11) {
+    if (variant >= 6) kp.kv_bf16 = kv_bf16;
+    if (variant >= 7) {
       if (compact != nullptr) {
-        kp.entries_bf16 = {compact, compact_tables, p.entries.table_stride};
-        if (variant >= 11) {
-          kp.entries_bf16.seq_stride = p.entries.table_stride * p.entries.block_floats;
-        }
-      } else if (variant != 12) {
+        kp.entries_bf16 = {compact, compact_tables, p.entries.table_stride,
+                           p.entries.table_stride * p.entries.block_floats};
+      } else if (variant != 8) {
         continue;  // no entries: the same call as without them
       }
     }
-    if (variant == 12) kp.prefill_blocks = static_cast<int32_t>(batch);
-    if (variant == 7) {
-      kp.ring_bf16 = ring_bf16;
-      kp.entries_bf16.data = entries_bf16;
-    }
+    if (variant == 8) kp.prefill_blocks = static_cast<int32_t>(batch);
     if (bf16_io) {
       kp.q = nullptr;
       kp.q_bf16 = q_bf16;

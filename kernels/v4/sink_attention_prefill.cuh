@@ -40,13 +40,37 @@
 
 #include "kernels/attention/mma_sm80.cuh"
 #include "kernels/v4/sink_attention.h"
-#include "kernels/v4/sink_attention_bf16_rows.cuh"
 #include "kernels/v4/sink_attention_mma.cuh"
 #include "kernels/v4/sink_attention_rows.cuh"
 
 namespace deepinfer {
 namespace kernels {
 namespace sink {
+
+// Window row j's buffer (kv or the ring: *base) and its bf16 copy (*base16, null where the
+// params give none): element e of the buffer is element e of the copy.
+__device__ __forceinline__ void WindowBuffers(const SinkAttentionParams& p, const TokenRows& rows,
+                                              int32_t j, const float** base,
+                                              const uint16_t** base16) {
+  const int64_t pos = rows.pos - rows.window_len + 1 + j;
+  if (pos >= rows.step_start) {
+    *base = p.kv;
+    *base16 = p.kv_bf16;
+  } else {
+    *base = p.ring;
+    *base16 = p.ring_bf16;
+  }
+}
+
+// Element e of the token's entry stream in entries_bf16 (SinkEntriesBf16's layout).
+__device__ __forceinline__ const uint16_t* EntryBf16(const SinkAttentionParams& p,
+                                                     const TokenRows& rows, int64_t e) {
+  const SinkEntriesBf16& c = p.entries_bf16;
+  const int32_t* tables = c.block_tables != nullptr ? c.block_tables : p.entries.block_tables;
+  const int64_t stride = c.block_tables != nullptr ? c.table_stride : p.entries.table_stride;
+  const int64_t bf = p.entries.block_floats;
+  return c.data + int64_t{tables[rows.seq * stride + e / bf]} * bf + e % bf;
+}
 
 struct PrefillShape {
   static constexpr int kRows = 64;            // key rows per tile

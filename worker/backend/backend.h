@@ -523,11 +523,14 @@ class Backend {
   // A SwiGLU MLP's gate_up Gemm (w [2*inter, k]) whose [rows, 2*inter] result is rounded to
   // bf16, as a bf16 nn.Linear rounds its output, then out[r, i] = bf16(silu(g) * u) from those
   // bf16 g = column i and u = column inter + i (as SiluMulBf16, with bf16 instead of fp32 input):
-  // half the bytes of Gemm + SiluMulBf16 between the two. Returns false, having done nothing,
-  // where the backend has no such path for these sizes (the default); GateUpSiluMulBf16
+  // half the bytes of Gemm + SiluMulBf16 between the two. swiglu_limit > 0: DeepSeek-V4's clamped
+  // SwiGLU (V4Ops::SwiGluClamped's clamps), g = min(g, limit) and u = clamp(u, -limit, limit)
+  // before the product; <= 0 (0 by convention): no clamp. Returns false, having done nothing,
+  // where the backend has no such path for these arguments (the default); GateUpSiluMulBf16
   // (ops/mlp_ops.h) then runs Gemm + SiluMulBf16 (whose gate / up are not rounded).
   virtual bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a,
-                                 int64_t lda, WeightView w, int64_t ldw, uint16_t* out) {
+                                 int64_t lda, WeightView w, int64_t ldw, float swiglu_limit,
+                                 uint16_t* out) {
     return false;
   }
   // Gemm (no accumulate) whose [m, n] result is rounded to bf16 (nearest even; bits) into c (row

@@ -272,14 +272,6 @@ class V4Ops {
   // [rows, 2 * inter] (gate then up), limit <= 0: no clamp.
   virtual void SwiGluClamped(int64_t rows, int64_t inter, const float* x, float limit,
                              float* out) = 0;
-  // SwiGluClamped of bf16 rows x (bits, widened exactly), each output rounded to bf16 (nearest
-  // even; bits) into out: between a gate_up GEMM's bf16 output (Backend::GemmToBf16) and the
-  // down GEMM's bf16 operand, as a bf16 model rounds both. False (nothing done) where the
-  // backend has no such kernel (the default).
-  virtual bool SwiGluClampedBf16(int64_t rows, int64_t inter, const uint16_t* x, float limit,
-                                 uint16_t* out) {
-    return false;
-  }
 };
 
 }  // namespace deepinfer

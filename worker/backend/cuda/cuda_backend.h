@@ -315,11 +315,13 @@ class CudaBackend : public Backend {
   void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) override;
   // From kBf16GateUpMinRows rows (prefill; decode batches keep Gemm + SiluMulBf16 and their
   // graphs) with bf16 weights: one cuBLAS GEMM with a bf16 output (fp32 accumulation, rounded once
-  // by its epilogue), then kernels::SiluMulBf16. FP8 weights: the W8A8 GEMM with a bf16 output
-  // where Gemm would take it, else the same on the weight dequantised to bf16
-  // (DequantizeToBf16).
+  // by its epilogue), then kernels::SiluMulBf16 (with the clamp where swiglu_limit > 0). FP8
+  // weights: the W8A8 GEMM with a bf16 output where Gemm would take it, else the same on the
+  // weight dequantised to bf16 (DequantizeToBf16); FP8 weights with swiglu_limit > 0 are refused
+  // (InvalidArgument in status(), false): the only clamped caller, DeepSeek-V4, loads every
+  // matrix dequantised (worker/model/deepseek_v4/v4_weights.h).
   bool GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
-                         WeightView w, int64_t ldw, uint16_t* out) override;
+                         WeightView w, int64_t ldw, float swiglu_limit, uint16_t* out) override;
   static constexpr int64_t kBf16GateUpMinRows = 512;
   // From kBf16GateUpMinRows rows with bf16 weights, outside batch-invariant mode: one cuBLAS GEMM
   // with a bf16 output (fp32 accumulation, rounded once by its epilogue; an fp32 a rounded to

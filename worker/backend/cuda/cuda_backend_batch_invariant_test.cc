@@ -460,7 +460,7 @@ TEST_F(BatchInvariantTest, RowCountSpecificOpsDecline) {
   EXPECT_FALSE(gpu_->RoutedAndSharedExperts(r));
   EXPECT_FALSE(gpu_->GateUpSiluMulBf16(4096, 64, 64, ActivationView(static_cast<float*>(nullptr)),
                                        64, WeightView(nullptr, WeightDType::kBFloat16), 64,
-                                       nullptr));
+                                       /*swiglu_limit=*/0.0f, nullptr));
   EXPECT_FALSE(gpu_->GemmToBf16(4096, 64, 64, ActivationView(static_cast<float*>(nullptr)), 64,
                                 WeightView(nullptr, WeightDType::kBFloat16), 64, nullptr, 64));
   EXPECT_FALSE(gpu_->BatchedGemmToBf16(

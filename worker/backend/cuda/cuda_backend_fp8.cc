@@ -221,7 +221,7 @@ bool CudaBackend::GateUpSiluMulFp8(int64_t rows, int64_t inter, int64_t k, Activ
   }
   auto w16 = DequantizeToBf16(w, ldw, 2 * inter, k);
   return GateUpSiluMulBf16(rows, inter, k, a, lda, WeightView(w16->data(), WeightDType::kBFloat16),
-                           k, out);
+                           k, /*swiglu_limit=*/0.0f, out);
 }
 
 void CudaBackend::ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32_t* offsets,

@@ -318,7 +318,7 @@ TEST_F(CudaFp8Test, GateUpSiluMulOnFp8Weights) {
   auto da = Upload(a);
   auto out = gpu_->Allocate(rows * inter * sizeof(uint16_t));
   ASSERT_TRUE(gpu_->GateUpSiluMulBf16(rows, inter, k, ActivationView(da->as<float>()), k, w.view(),
-                                      k, out->as<uint16_t>()));
+                                      k, /*swiglu_limit=*/0.0f, out->as<uint16_t>()));
   ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
   std::vector<uint16_t> bits(rows * inter);
   gpu_->CopyToHost(out->data(), bits.size() * 2, bits.data());
@@ -719,6 +719,19 @@ TEST_F(CudaFp8Test, BatchedGemmRefusesFp8) {
   auto c = gpu_->Allocate(128 * sizeof(float));
   gpu_->BatchedGemm(1, 1, 128, 128, a->as<float>(), 128, 0, w.view(), 128, 0, c->as<float>(), 128,
                     0);
+  EXPECT_EQ(gpu_->status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The clamped SwiGLU is taken with bf16 weights only: FP8 weights with a limit are refused
+// (InvalidArgument in status()).
+TEST_F(CudaFp8Test, GateUpSiluMulRefusesFp8WithASwiGluLimit) {
+  std::mt19937 gen(1);
+  const int64_t rows = CudaBackend::kBf16GateUpMinRows, inter = 64, k = 128;
+  const Fp8Matrix w = RandomFp8(2 * inter, k, inter, &gen);
+  auto a = Upload(std::vector<float>(rows * k, 1.0f));
+  auto out = gpu_->Allocate(rows * inter * sizeof(uint16_t));
+  EXPECT_FALSE(gpu_->GateUpSiluMulBf16(rows, inter, k, ActivationView(a->as<float>()), k, w.view(),
+                                       k, /*swiglu_limit=*/10.0f, out->as<uint16_t>()));
   EXPECT_EQ(gpu_->status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -417,8 +417,15 @@ bool CudaBackend::BatchedGemmToBf16(int64_t batch, int64_t m, int64_t n, int64_t
 }
 
 bool CudaBackend::GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, ActivationView a,
-                                    int64_t lda, WeightView w, int64_t ldw, uint16_t* out) {
+                                    int64_t lda, WeightView w, int64_t ldw, float swiglu_limit,
+                                    uint16_t* out) {
   if (tuning_.batch_invariant) return false;
+  if (w.dtype == WeightDType::kFp8E4M3 && swiglu_limit > 0.0f) {
+    Record(absl::InvalidArgumentError(
+        absl::StrCat("CudaBackend::GateUpSiluMulBf16: FP8 weights with swiglu_limit ", swiglu_limit,
+                     " (the clamped SwiGLU is taken with bf16 weights only)")));
+    return false;
+  }
   if (w.dtype == WeightDType::kFp8E4M3 && rows >= kBf16GateUpMinRows && inter > 0) {
     return GateUpSiluMulFp8(rows, inter, k, a, lda, w, ldw, out);
   }
@@ -433,7 +440,8 @@ bool CudaBackend::GateUpSiluMulBf16(int64_t rows, int64_t inter, int64_t k, Acti
   if (!GemmToBf16(rows, 2 * inter, k, a, lda, w, ldw, gate_up->as<uint16_t>(), 2 * inter)) {
     return false;
   }
-  Check(kernels::SiluMulBf16(rows, inter, gate_up->as<uint16_t>(), out, stream_),
+  Check(kernels::SiluMulBf16(rows, inter, gate_up->as<uint16_t>(), out, stream_,
+                             /*device_rows=*/nullptr, swiglu_limit),
         "kernels::SiluMulBf16");
   return true;
 }

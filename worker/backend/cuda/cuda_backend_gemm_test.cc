@@ -275,13 +275,16 @@ TEST_F(CudaBackendTest, GemmAutotuneMatchesCpuAndLeavesDecodeSizesAlone) {
 }
 
 // GateUpSiluMulBf16 at prefill sizes (fp32 and bf16 activations) against the CPU: its Gemm
-// rounded to bf16, then SiluMulBf16 of those values. cuBLAS sums in another order than the CPU,
-// so a gate or up value may round to the neighbouring bf16 (rarely): at most a few bf16 ulps
-// apart, few elements. Through cuBLASLt's timed choice with bf16 activations (the default
-// backend) and cublasGemmEx with fp32 ones (a backend with gemm_autotune off). It declines below
-// kBf16GateUpMinRows rows and with fp32 weights, writing nothing.
+// rounded to bf16, then SiluMulBf16 of those values (no swiglu_limit), or the CPU's
+// V4Ops::SwiGluClamped of them rounded to bf16 (a limit: DeepSeek-V4's shared expert). cuBLAS
+// sums in another order than the CPU, so a gate or up value may round to the neighbouring bf16
+// (rarely): at most a few bf16 ulps apart, few elements. The gate / up values (about N(0, 2.3))
+// cross the limit 2 on both sides. Through cuBLASLt's timed choice with bf16 activations (the
+// default backend) and cublasGemmEx with fp32 ones (a backend with gemm_autotune off). It
+// declines below kBf16GateUpMinRows rows and with fp32 weights, writing nothing.
 TEST_F(CudaBackendTest, GateUpSiluMulBf16MatchesCpuGemmRoundedThenSiluMul) {
   const int64_t k = 2048, inter = 1408;
+  constexpr float kLimit = 2.0f;
   CudaTuning plain_tuning;
   plain_tuning.gemm_autotune = false;
   auto plain = CudaBackend::Create(0, WeightDType::kBFloat16, plain_tuning);
@@ -301,8 +304,16 @@ TEST_F(CudaBackendTest, GateUpSiluMulBf16MatchesCpuGemmRoundedThenSiluMul) {
       cpu16_.Gemm(rows, 2 * inter, k, ActivationView::Bf16(a16.data()), k, CpuBf16(w, &keep), k,
                   gu.data(), 2 * inter, false);
       for (float& v : gu) v = Bf16BitsToFloat(FloatToBf16Bits(v));
-      std::vector<uint16_t> want(rows * inter), got(rows * inter);
-      cpu_.SiluMulBf16(rows, inter, gu.data(), want.data());
+      // Gates above the limit, ups above it and below -limit: the clamp is exercised.
+      int64_t gates_over = 0, ups_over = 0, ups_under = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < inter; ++i) {
+          gates_over += gu[r * 2 * inter + i] > kLimit;
+          ups_over += gu[r * 2 * inter + inter + i] > kLimit;
+          ups_under += gu[r * 2 * inter + inter + i] < -kLimit;
+        }
+      }
+      EXPECT_GT(std::min({gates_over, ups_over, ups_under}), rows * inter / 20);
 
       const WeightView gw = GpuBf16(w, &keep);
       auto da = Upload(a);
@@ -310,22 +321,34 @@ TEST_F(CudaBackendTest, GateUpSiluMulBf16MatchesCpuGemmRoundedThenSiluMul) {
       gpu_->CopyToDevice(a16.data(), a16.size() * sizeof(uint16_t), da16->data());
       const ActivationView av =
           a_bf16 ? ActivationView::Bf16(da16->as<uint16_t>()) : ActivationView(da->as<float>());
-      auto dout = gpu_->Allocate(got.size() * sizeof(uint16_t));
-      gpu_->Synchronize();  // be's stream does not wait for gpu_'s uploads
-      ASSERT_TRUE(be->GateUpSiluMulBf16(rows, inter, k, av, k, gw, k, dout->as<uint16_t>()));
-      be->Synchronize();
-      ASSERT_TRUE(be->status().ok()) << be->status();
-      gpu_->CopyToHost(dout->data(), got.size() * sizeof(uint16_t), got.data());
-      int64_t differ = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        const float g = Bf16BitsToFloat(got[i]), x = Bf16BitsToFloat(want[i]);
-        ASSERT_LE(std::abs(g - x), std::abs(x) / 32 + 1e-3f) << "element " << i;
-        differ += got[i] != want[i];
+      for (const float limit : {0.0f, kLimit}) {
+        SCOPED_TRACE(::testing::Message() << "swiglu_limit " << limit);
+        std::vector<uint16_t> want(rows * inter), got(rows * inter);
+        if (limit > 0.0f) {
+          std::vector<float> act(rows * inter);
+          cpu_.v4_ops()->SwiGluClamped(rows, inter, gu.data(), limit, act.data());
+          for (size_t i = 0; i < act.size(); ++i) want[i] = FloatToBf16Bits(act[i]);
+        } else {
+          cpu_.SiluMulBf16(rows, inter, gu.data(), want.data());
+        }
+        auto dout = gpu_->Allocate(got.size() * sizeof(uint16_t));
+        gpu_->Synchronize();  // be's stream does not wait for gpu_'s uploads
+        ASSERT_TRUE(
+            be->GateUpSiluMulBf16(rows, inter, k, av, k, gw, k, limit, dout->as<uint16_t>()));
+        be->Synchronize();
+        ASSERT_TRUE(be->status().ok()) << be->status();
+        gpu_->CopyToHost(dout->data(), got.size() * sizeof(uint16_t), got.data());
+        int64_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          const float g = Bf16BitsToFloat(got[i]), x = Bf16BitsToFloat(want[i]);
+          ASSERT_LE(std::abs(g - x), std::abs(x) / 32 + 1e-3f) << "element " << i;
+          differ += got[i] != want[i];
+        }
+        EXPECT_LE(differ, static_cast<int64_t>(got.size()) / 20);
+        std::cout << "[gate-up-silu-bf16] rows " << rows << " a_bf16 " << a_bf16 << " autotune "
+                  << (be->gemm_autotuned_shapes() > 0) << " swiglu_limit " << limit << ": "
+                  << differ << " of " << got.size() << " differ from the CPU\n";
       }
-      EXPECT_LE(differ, static_cast<int64_t>(got.size()) / 20);
-      std::cout << "[gate-up-silu-bf16] rows " << rows << " a_bf16 " << a_bf16 << " autotune "
-                << (be->gemm_autotuned_shapes() > 0) << ": " << differ << " of " << got.size()
-                << " differ from the CPU\n";
     }
   }
   // Declines, leaving out untouched.
@@ -335,10 +358,10 @@ TEST_F(CudaBackendTest, GateUpSiluMulBf16MatchesCpuGemmRoundedThenSiluMul) {
   auto da = Upload(testing::RandomFloats(rows * k, 8));
   auto dout = gpu_->Allocate(rows * inter * sizeof(uint16_t));
   EXPECT_FALSE(gpu_->GateUpSiluMulBf16(rows - 1, inter, k, da->as<float>(), k, GpuBf16(w, &keep), k,
-                                       dout->as<uint16_t>()));
+                                       /*swiglu_limit=*/0.0f, dout->as<uint16_t>()));
   auto dw32 = Upload(w);
   EXPECT_FALSE(gpu_->GateUpSiluMulBf16(rows, inter, k, da->as<float>(), k, dw32->as<float>(), k,
-                                       dout->as<uint16_t>()));
+                                       /*swiglu_limit=*/0.0f, dout->as<uint16_t>()));
   EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
 }
 

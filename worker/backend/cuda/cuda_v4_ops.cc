@@ -158,25 +158,19 @@ void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
   }
   // A prefill-sized call (kBf16AttentionMinTokens queries or more: the bf16 query and output
   // where TakesBf16Attention, else fp32, the same bits) runs on kTensorCoreBf16Prefill (one
-  // split) where it runs; with the bf16 query, no top-k selection (sliding and HCA layers) and
-  // where that kernel does not run, kTensorCoreBf16Rows (the same arithmetic as
-  // kTensorCoreBf16). Both read bf16 copies made once per call (the bits the kernels round the
-  // rows to): this step's keys (RoundF32ToBf16; a prefill token's window rows are mostly this
-  // step's) and, where the entries' table rows are given, the blocks they name
-  // (SinkAttentionEntriesToBf16: the step's sequences' streams so far, each contiguous, which
-  // kTensorCoreBf16Prefill reads without the tables; only while that copy is no larger than the
-  // bf16 query). The ring is read in fp32. sink_attention_bench's prefill rows at 4096 tokens
-  // (H200): kTensorCoreBf16Rows window 607 us against kTensorCoreBf16's 681, HCA 716 against
-  // 839, but CSA's top-k rows 1688 against 1670.
+  // split) where it runs (a selection stride up to kPrefillMaxSelected: V4-Flash's index_topk is
+  // 512), else on kTensorCoreBf16. The prefill kernel reads bf16 copies made once per call (the
+  // bits the kernels round the rows to): this step's keys (RoundF32ToBf16; a prefill token's
+  // window rows are mostly this step's) and, where the entries' table rows are given, the blocks
+  // they name (SinkAttentionEntriesToBf16: the step's sequences' streams so far, each
+  // contiguous, which kTensorCoreBf16Prefill reads without the tables; only while that copy is no
+  // larger than the bf16 query). The ring is read in fp32.
   const bool bf16_prefill =
       p.kernel == kernels::SinkAttentionKernel::kTensorCoreBf16 &&
       a.tokens >= kBf16AttentionMinTokens && !backend_->tuning_.batch_invariant &&
       kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16Prefill);
   std::unique_ptr<DeviceBuffer> kv_bf16, entries_bf16, entries_tables;
-  if (bf16_prefill ||
-      (p.kernel == kernels::SinkAttentionKernel::kTensorCoreBf16 && a.q_bf16 != nullptr &&
-       a.selected == nullptr &&
-       kernels::SinkAttentionKernelRuns(p, kernels::SinkAttentionKernel::kTensorCoreBf16Rows))) {
+  if (bf16_prefill) {
     kv_bf16 = backend_->AllocateScratch(a.tokens * a.dim * sizeof(uint16_t));  // 256-byte aligned
     cudaError_t err =
         kernels::RoundF32ToBf16(a.tokens * a.dim, a.kv, kv_bf16->as<uint16_t>(), backend_->stream_);
@@ -202,8 +196,7 @@ void CudaV4Ops::SinkAttention(const SinkAttentionArgs& a) {
       p.entries_bf16 = {entries_bf16->as<uint16_t>(), entries_tables->as<int32_t>(),
                         a.entries.table_stride, a.entries.table_stride * a.entries.block_floats};
     }
-    p.kernel = bf16_prefill ? kernels::SinkAttentionKernel::kTensorCoreBf16Prefill
-                            : kernels::SinkAttentionKernel::kTensorCoreBf16Rows;
+    p.kernel = kernels::SinkAttentionKernel::kTensorCoreBf16Prefill;
   }
   // Batch-invariant: a fixed split count (by default it follows the token count); each token's
   // rows are cut by their own count.
@@ -302,17 +295,6 @@ void CudaV4Ops::SwiGluClamped(int64_t rows, int64_t inter, const float* x, float
   if (err != cudaSuccess) {
     RecordFailure(err, "kernels::SwiGluClampedF32", absl::StrCat("rows ", rows, ", inter ", inter));
   }
-}
-
-bool CudaV4Ops::SwiGluClampedBf16(int64_t rows, int64_t inter, const uint16_t* x, float limit,
-                                  uint16_t* out) {
-  CudaBackend::OpTimer timer(backend_, "V4SwiGluClampedBf16");
-  const cudaError_t err =
-      kernels::SiluMulBf16(rows, inter, x, out, backend_->stream_, nullptr, std::max(limit, 0.0f));
-  if (err != cudaSuccess) {
-    RecordFailure(err, "kernels::SiluMulBf16", absl::StrCat("rows ", rows, ", inter ", inter));
-  }
-  return true;
 }
 
 }  // namespace deepinfer

@@ -66,9 +66,6 @@ class CudaV4Ops : public V4Ops {
   void CopyRows(const CopyRowsArgs& args) override;
   // kernels::SwiGluClampedF32.
   void SwiGluClamped(int64_t rows, int64_t inter, const float* x, float limit, float* out) override;
-  // kernels::SiluMulBf16 with the clamp (kernels/moe/expert_activation.h).
-  bool SwiGluClampedBf16(int64_t rows, int64_t inter, const uint16_t* x, float limit,
-                         uint16_t* out) override;
 
  private:
   // Records a failed launch (err) in the backend's status, naming `call` and the op's `shape`.

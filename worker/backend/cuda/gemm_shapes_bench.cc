@@ -298,14 +298,16 @@ int Main(int argc, char** argv) {
         });
         Report(s.name, m, s.n, s.k, "Gemm fp32 + SiluMulBf16 (before)", pair_f32, base);
         const double pair_b16 = TimeUs(stream, [&] {
-          if (!b.GateUpSiluMulBf16(m, inter, s.k, av, s.k, wv, s.k, act->as<uint16_t>())) {
+          if (!b.GateUpSiluMulBf16(m, inter, s.k, av, s.k, wv, s.k, /*swiglu_limit=*/0.0f,
+                                   act->as<uint16_t>())) {
             Fail("GateUpSiluMulBf16 declined", 0);
           }
         });
         Report(s.name, m, s.n, s.k, "GateUpSiluMulBf16 (bf16 out + SiLU)", pair_b16, pair_f32);
         b.Synchronize();
         const double pair_tuned = TimeUs(tuned_be.stream(), [&] {
-          if (!tuned_be.GateUpSiluMulBf16(m, inter, s.k, av, s.k, wv, s.k, act->as<uint16_t>())) {
+          if (!tuned_be.GateUpSiluMulBf16(m, inter, s.k, av, s.k, wv, s.k, /*swiglu_limit=*/0.0f,
+                                          act->as<uint16_t>())) {
             Fail("GateUpSiluMulBf16 declined", 0);
           }
         });

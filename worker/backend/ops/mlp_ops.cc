@@ -12,7 +12,9 @@ std::unique_ptr<DeviceBuffer> Floats(Backend* backend, int64_t n) {
 
 void GateUpSiluMulBf16(Backend* backend, int64_t rows, int64_t inter, int64_t k, ActivationView a,
                        int64_t lda, WeightView w, int64_t ldw, uint16_t* out) {
-  if (backend->GateUpSiluMulBf16(rows, inter, k, a, lda, w, ldw, out)) return;
+  if (backend->GateUpSiluMulBf16(rows, inter, k, a, lda, w, ldw, /*swiglu_limit=*/0.0f, out)) {
+    return;
+  }
   auto gu = Floats(backend, rows * 2 * inter);
   backend->Gemm(rows, 2 * inter, k, a, lda, w, ldw, gu->as<float>(), 2 * inter, false);
   backend->SiluMulBf16(rows, inter, gu->as<float>(), out);

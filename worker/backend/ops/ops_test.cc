@@ -36,7 +36,7 @@ class SpyBackend : public CpuBackend {
 
   bool NormedDenseMlp(const DenseMlpArgs&) override { return Fused(); }
   bool GateUpSiluMulBf16(int64_t, int64_t, int64_t, ActivationView, int64_t, WeightView, int64_t,
-                         uint16_t*) override {
+                         float, uint16_t*) override {
     return Fused();
   }
   bool RoutedAndSharedExperts(const RoutedExpertsArgs&) override { return Fused(); }

@@ -52,19 +52,17 @@ void V4Moe::Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out, b
   const int64_t H = config_.hidden_size, I = w.inter;
   const WeightView gate_up = weights_->Matrix(w.gate_up), down = weights_->Matrix(w.down);
   // Prefill with bf16 weights: the gate / up values and the activation in bf16 where the backend
-  // writes them so (Backend::GemmToBf16, V4Ops::SwiGluClampedBf16), as HF's bf16 model rounds
-  // them; half the bytes of the fp32 path between the GEMMs and no rounding pass before down.
-  if (fused && rows >= kBf16MlpMinRows && down.dtype == WeightDType::kBFloat16) {
-    auto gu16 = backend_->AllocateScratch(rows * 2 * I * sizeof(uint16_t));
+  // writes them so (Backend::GateUpSiluMulBf16 with the clamp), as HF's bf16 model rounds them;
+  // half the bytes of the fp32 path between the GEMMs and no rounding pass before down.
+  if (fused && rows >= kBf16MlpMinRows && gate_up.dtype == WeightDType::kBFloat16 &&
+      down.dtype == WeightDType::kBFloat16) {
     auto act16 = backend_->AllocateScratch(rows * I * sizeof(uint16_t));
-    if (backend_->GemmToBf16(rows, 2 * I, H, h, H, gate_up, H, gu16->as<uint16_t>(), 2 * I)) {
-      if (backend_->v4_ops()->SwiGluClampedBf16(rows, I, gu16->as<uint16_t>(),
-                                                static_cast<float>(config_.swiglu_limit),
-                                                act16->as<uint16_t>())) {
-        backend_->Gemm(rows, H, I, ActivationView::Bf16(act16->as<uint16_t>()), I, down, I, out, H,
-                       accumulate);
-        return;
-      }
+    if (backend_->GateUpSiluMulBf16(rows, I, H, h, H, gate_up, H,
+                                    static_cast<float>(config_.swiglu_limit),
+                                    act16->as<uint16_t>())) {
+      backend_->Gemm(rows, H, I, ActivationView::Bf16(act16->as<uint16_t>()), I, down, I, out, H,
+                     accumulate);
+      return;
     }
   }
   auto gu = Floats(rows * 2 * I);

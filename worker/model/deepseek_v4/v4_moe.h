@@ -67,12 +67,11 @@ class V4Moe {
 
  private:
   // out (+)= the clamped SwiGLU MLP w of h; with fused ops from kBf16MlpMinRows rows its gate /
-  // up values and activation in bf16 where the backend takes them (Backend::GemmToBf16, then
-  // V4Ops::SwiGluClampedBf16), else in fp32. If the GEMM is taken but not the activation, the
-  // GEMM runs again in fp32.
+  // up values and activation in bf16 where the backend takes them (Backend::GateUpSiluMulBf16
+  // with config swiglu_limit), else in fp32.
   void Mlp(const MlpWeights& w, int64_t rows, const float* h, float* out, bool accumulate,
            bool fused);
-  // Prefill sizes (CudaBackend takes GemmToBf16 from 512 rows): below, no bf16 buffers are
+  // Prefill sizes (CudaBackend takes GateUpSiluMulBf16 from 512 rows): below, no bf16 buffer is
   // allocated for a try.
   static constexpr int64_t kBf16MlpMinRows = 512;
   // The routed (and shared) experts of `layer` as one device op; false where the backend has
