@@ -17,9 +17,9 @@ constexpr int kThreads = 256;
 // e2m1 code c (sign bit 3; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) times 2^(s - 127) as bf16 bits.
 __device__ __forceinline__ uint32_t E2m1TimesPow2Bf16(uint32_t c, uint32_t s) {
   const uint32_t sign = (c & 8u) << 12;
+  if (s == 0xFFu) return sign | 0x7FC0u;  // the spec's NaN scale: every element NaN
   const uint32_t m = c & 7u;
   if (m == 0) return sign;
-  if (s == 0xFFu) return sign | 0x7FC0u;
   // m = 1: 2^-1; m >= 2: (1 + (m & 1) / 2) * 2^((m >> 1) - 1).
   const int e = (m == 1 ? -1 : static_cast<int>(m >> 1) - 1) + static_cast<int>(s) - 127;
   const uint32_t half = m >= 2 ? (m & 1u) : 0u;  // the mantissa's top bit

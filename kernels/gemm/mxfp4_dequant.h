@@ -8,7 +8,8 @@
 // subnormal 2^-128) up to 1.5 * 2^127 is a bf16 value, subnormals included. Where it cannot:
 //  * the product is 2^128 or more (scale byte 254 with |e2m1| >= 2, 253 with |e2m1| >= 4): +-inf,
 //    what round-to-nearest gives for it (bf16's largest finite value is (2 - 2^-7) * 2^127);
-//  * scale byte 0xFF (NaN in the spec, never stored by our loader): a quiet NaN.
+//  * scale byte 0xFF (NaN in the spec, never stored by our loader): a quiet NaN for each of the
+//    block's elements, zeros included.
 // Zero keeps its sign (e2m1 code 8 is -0).
 #ifndef DEEPINFER_KERNELS_GEMM_MXFP4_DEQUANT_H_
 #define DEEPINFER_KERNELS_GEMM_MXFP4_DEQUANT_H_
