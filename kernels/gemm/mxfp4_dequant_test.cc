@@ -77,8 +77,8 @@ void ExpectEqualsDefinition(const std::vector<HostMx>& mats, int first, int coun
         const double want = m.At(j, q);
         const double g = Bf16Value(got[(i * n + j) * k + q]);
         const auto where = ::testing::Message()
-                           << "matrix " << first + i << " row " << j << " column " << q
-                           << " scale " << int{m.scales[j * m.scale_ld + q / 32]};
+                           << "matrix " << first + i << " row " << j << " column " << q << " scale "
+                           << int{m.scales[j * m.scale_ld + q / 32]};
         if (std::isnan(want)) {
           ASSERT_TRUE(std::isnan(g)) << where << " got " << g;
         } else if (std::abs(want) >= bf16_overflow) {
