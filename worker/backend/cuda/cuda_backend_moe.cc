@@ -541,8 +541,9 @@ bool CudaBackend::ExpertGemmsOnCublasSlice(const RoutedExpertsArgs& a,
   for (int32_t s = 0; s <= m.count; ++s) slice_offsets[s] = offsets[s] - offsets[0];
   const int64_t slice_rows = slice_offsets[m.count];  // padded (kChunked)
   if (slice_rows == 0) return true;
-  auto at = [](const void* base, int64_t row, int64_t row_bytes) {
-    return static_cast<char*>(const_cast<void*>(base)) + row * row_bytes;
+  // The slice's first row of a row buffer of `width` elements a row.
+  auto at = [&](void* base, int64_t width) {
+    return static_cast<char*>(base) + first_row * width * static_cast<int64_t>(elem);
   };
   kernels::ExpertGemmCublasParams g;
   g.num_slots = m.count;
@@ -552,8 +553,8 @@ bool CudaBackend::ExpertGemmsOnCublasSlice(const RoutedExpertsArgs& a,
   g.weight_type = run.bf16 ? CUDA_R_16BF : CUDA_R_32F;
   g.n = static_cast<int32_t>(2 * I);
   g.k = static_cast<int32_t>(H);
-  g.x = at(run.permuted, first_row, H * elem);
-  g.y = at(run.gate_up, first_row, 2 * I * elem);
+  g.x = static_cast<const char*>(run.permuted) + first_row * H * static_cast<int64_t>(elem);
+  g.y = at(run.gate_up, 2 * I);
   g.output_type = run.bf16 ? CUDA_R_16BF : CUDA_R_32F;
   g.chunk_rows = run.chunk_rows;
   g.device_pointers = run.pointers;
@@ -563,7 +564,7 @@ bool CudaBackend::ExpertGemmsOnCublasSlice(const RoutedExpertsArgs& a,
     if (!ExpertGemms(g, "gate_up")) return false;
   }
   // Padding rows (kChunked) go through SiLU-mul too: meaningless values nobody reads.
-  void* act = at(run.act, first_row, I * elem);
+  void* act = at(run.act, I);
   {
     PhaseTimer phase(this, "RoutedExpertsCublas/silu_mul", true);
     if (run.bf16) {
@@ -579,7 +580,7 @@ bool CudaBackend::ExpertGemmsOnCublasSlice(const RoutedExpertsArgs& a,
   g.n = static_cast<int32_t>(H);
   g.k = static_cast<int32_t>(I);
   g.x = act;
-  g.y = at(run.expert_out, first_row, H * elem);
+  g.y = at(run.expert_out, H);
   PhaseTimer phase(this, "RoutedExpertsCublas/down", true);
   return ExpertGemms(g, "down");
 }
