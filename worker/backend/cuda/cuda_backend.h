@@ -489,9 +489,10 @@ class CudaBackend : public Backend {
   MoePermutation PermuteRoutedRows(const RoutedExpertsArgs& a, int64_t rows, int32_t row_align,
                                    bool bf16);
   // RoutedExperts' device path for MXFP4 experts (cuda_backend_mxfp4.cc; where
-  // Mxfp4ExpertsOnCublas is false): without host synchronisation, bf16 rows through kernels::Mxfp4MmaGroupedGemm (gate_up fp32,
-  // SiluMulF32ToBf16 or, with a clamp, gate_up rounded to bf16 and SiluMulBf16 with the limit,
-  // down). false for sizes the kernel does not take or a device without it.
+  // Mxfp4ExpertsOnCublas is false): without host synchronisation, bf16 rows through
+  // kernels::Mxfp4MmaGroupedGemm (gate_up fp32, SiluMulF32ToBf16 or, with a clamp, gate_up rounded
+  // to bf16 and SiluMulBf16 with the limit, down). false for sizes the kernel does not take or a
+  // device without it.
   bool RoutedExpertsMxfp4(const RoutedExpertsArgs& a);
   // Whether RoutedExperts takes MXFP4 experts to the cuBLAS path (widened to bf16): valid MXFP4
   // arguments, more than kMxfp4MaxDeviceTokens tokens, not keep_on_device, not `captured`.
