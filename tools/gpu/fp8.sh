@@ -6,7 +6,8 @@
 #     //kernels/gemm:fp8_tiled_gemm_test //kernels/gemm:fp8_quantize_test
 #     //worker/backend/cuda:cublaslt_fp8_gemm_test //worker/backend/cuda:cuda_backend_fp8_test
 #     //tests/parity:cuda_fp8_parity_test //worker/backend/cuda:cuda_backend_fp8_cache_test
-#     //kernels/gemm:mxfp4_mma_gemm_test //worker/backend/cuda:cuda_backend_mxfp4_test
+#     //kernels/gemm:mxfp4_mma_gemm_test //kernels/gemm:mxfp4_dequant_test
+#     //worker/backend/cuda:cuda_backend_mxfp4_test
 #     //kernels/gemm:staged_gemv_fp8_test //kernels/moe:moe_decode_fused_fp8_test" \
 #   GPU_TOOLS="//worker/backend/cuda:fp8_gemm_bench" GPU_DAEMONS="" \
 #     tools/gpu/prepare.sh --out .gpu/fp8
@@ -27,7 +28,8 @@ STEP_BUDGET_S=${FP8_BUDGET_S:-540}
 head -3 "$OUT/machine.txt"
 for t in fp8_block_gemm_test fp8_quantize_test fp8_mma_gemm_test fp8_tiled_gemm_test \
   cublaslt_fp8_gemm_test cuda_backend_fp8_test cuda_fp8_parity_test cuda_backend_fp8_cache_test \
-  mxfp4_mma_gemm_test cuda_backend_mxfp4_test staged_gemv_fp8_test moe_decode_fused_fp8_test; do
+  mxfp4_mma_gemm_test mxfp4_dequant_test cuda_backend_mxfp4_test staged_gemv_fp8_test \
+  moe_decode_fused_fp8_test; do
   step "$t" 240 "$B/$t" --gtest_color=no --gtest_brief=1
   # The first failures with their messages (gtest prints the expression and values after the
   # file:line), and the measured W8A8 errors.

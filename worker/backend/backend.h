@@ -291,6 +291,28 @@ struct RouteTokensArgs {
   const int32_t* count_limit = nullptr;
 };
 
+// MXFP4 routed experts at prefill sizes (CudaBackend::RoutedExperts) are widened to bf16 in
+// groups of whole experts, the group's bf16 copy held in scratch for the layer's call: as many
+// experts as fit in kMxfp4DequantScratchBoundBytes (a choice, not measured: it bounds the extra
+// memory while keeping the groups few; Moonlight's 64 experts are 2 groups, DeepSeek-V3's 256
+// about 22), at least one, at most num_experts. The memory plan reserves
+// Mxfp4DequantScratchBytes with --dtype mxfp4.
+inline constexpr int64_t kMxfp4DequantScratchBoundBytes = int64_t{1} << 30;
+inline int64_t Mxfp4DequantExpertBytes(int64_t hidden_size, int64_t inter) {
+  return 3 * hidden_size * inter * static_cast<int64_t>(sizeof(uint16_t));  // gate_up and down
+}
+inline int64_t Mxfp4DequantGroupExperts(int64_t num_experts, int64_t hidden_size, int64_t inter,
+                                        int64_t bound = kMxfp4DequantScratchBoundBytes) {
+  const int64_t expert = Mxfp4DequantExpertBytes(hidden_size, inter);
+  const int64_t fit = expert > 0 ? bound / expert : num_experts;
+  return fit < 1 ? 1 : fit > num_experts ? num_experts : fit;
+}
+inline int64_t Mxfp4DequantScratchBytes(int64_t num_experts, int64_t hidden_size, int64_t inter,
+                                        int64_t bound = kMxfp4DequantScratchBoundBytes) {
+  return Mxfp4DequantGroupExperts(num_experts, hidden_size, inter, bound) *
+         Mxfp4DequantExpertBytes(hidden_size, inter);
+}
+
 // Arguments of Backend::RoutedExperts: the routed-expert part of a MoE layer on one rank that
 // hosts every expert, with the routing left on the device. Slot s of the tables holds expert s.
 struct RoutedExpertsArgs {

@@ -317,6 +317,11 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   const int64_t floats_per_token = (*arch)->activation_floats_per_token(config);
   int64_t reserve = ActivationReserveBytes(floats_per_token, spec.max_batch_tokens) +
                     ModelWeights::Fp8DequantScratchBytes(config, load);
+  // MXFP4 experts widened to bf16 a group at a time at prefill sizes (backend.h).
+  if (load.mxfp4_experts) {
+    reserve += Mxfp4DequantScratchBytes(config.n_routed_experts, config.hidden_size,
+                                        config.moe_intermediate_size);
+  }
   // Graphs recorded at start-up: the buckets a rank can decode (it runs at most max_running
   // sequences), exactly those the reserve counts.
   const bool capture = spec.capture_decode_graphs && spec.decode_graphs.enabled &&

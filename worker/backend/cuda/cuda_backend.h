@@ -128,6 +128,9 @@ struct CudaTuning {
   // Sampling, norms, rope, permutation and combine already compute each row on its own.
   // Off: the choices by shape described at each op (different bits at different batch sizes).
   bool batch_invariant = false;
+  // The bound of RoutedExperts' bf16 copies of MXFP4 experts (Mxfp4DequantGroupExperts,
+  // backend.h); the memory plan reserves for the default. Tests lower it to run several groups.
+  int64_t mxfp4_dequant_scratch_bytes = kMxfp4DequantScratchBoundBytes;
 };
 
 class CudaBackend : public Backend {
@@ -261,8 +264,12 @@ class CudaBackend : public Backend {
   // W8A8 where cuBLASLt takes it (ExpertGemmsFp8W8A8: one quantisation for all rows, one GEMM per
   // busy expert, SiluMulF32 once), else each expert's rows through Gemm's FP8 paths. MXFP4 experts
   // (args.mxfp4()): the same permutation (bf16 rows) and combine around
-  // kernels::Mxfp4MmaGroupedGemm (tile kernels::kGroupedMmaTile) for gate_up and down at any
-  // batch size, without host synchronisation (capturable).
+  // kernels::Mxfp4MmaGroupedGemm (tile kernels::kGroupedMmaTile) for gate_up and down up to
+  // kMxfp4MaxDeviceTokens tokens, or any batch while captured or with keep_on_device, without
+  // host synchronisation (capturable); larger batches: the bf16 experts' cuBLAS path, the
+  // experts widened to bf16 (kernels::Mxfp4DequantToBf16) a group at a time into scratch
+  // (Mxfp4DequantGroupExperts, backend.h), each group's rows through the same gate_up /
+  // SiLU-mul / down (phase RoutedExpertsCublas/mxfp4_dequant for the widening).
   // args.swiglu_limit (V4's clamp) in every SiLU-mul of the bf16 / fp32 / MXFP4 paths; FP8
   // experts with a clamp are refused (false).
   bool RoutedExperts(const RoutedExpertsArgs& args) override;
@@ -289,6 +296,11 @@ class CudaBackend : public Backend {
   // docs/kernels/moe-decode.md); decode batches up to here keep the path without host
   // synchronisation.
   static constexpr int32_t kMaxFusedMoeTokens = 128;
+  // MXFP4 experts: above this many tokens (and not captured, not keep_on_device) the cuBLAS path
+  // on experts widened to bf16. The bf16 experts' boundary (kMaxFusedMoeTokens), not yet measured
+  // for MXFP4: the grouped kernel reads a quarter of bf16's weight bytes, while the widening
+  // writes and rereads a layer's experts in bf16, so the crossover may lie at more tokens.
+  static constexpr int32_t kMxfp4MaxDeviceTokens = kMaxFusedMoeTokens;
   // The expert GEMMs of RoutedExperts' device path (no host synchronisation), picked by size
   // (DecodeMoeAlgoFor; grouped_gemm_bench and moe_decode_bench on the H200,
   // docs/kernels/moe-decode.md):
@@ -478,11 +490,15 @@ class CudaBackend : public Backend {
   };
   MoePermutation PermuteRoutedRows(const RoutedExpertsArgs& a, int64_t rows, int32_t row_align,
                                    bool bf16);
-  // RoutedExperts with MXFP4 experts (cuda_backend_mxfp4.cc): at any batch size without host
-  // synchronisation, bf16 rows through kernels::Mxfp4MmaGroupedGemm (gate_up fp32,
-  // SiluMulF32ToBf16 or, with a clamp, gate_up rounded to bf16 and SiluMulBf16 with the limit,
-  // down). false for sizes the kernel does not take or a device without it.
+  // RoutedExperts' device path for MXFP4 experts (cuda_backend_mxfp4.cc; where
+  // Mxfp4ExpertsOnCublas is false): without host synchronisation, bf16 rows through
+  // kernels::Mxfp4MmaGroupedGemm (gate_up fp32, SiluMulF32ToBf16 or, with a clamp, gate_up rounded
+  // to bf16 and SiluMulBf16 with the limit, down). false for sizes the kernel does not take or a
+  // device without it.
   bool RoutedExpertsMxfp4(const RoutedExpertsArgs& a);
+  // Whether RoutedExperts takes MXFP4 experts to the cuBLAS path (widened to bf16): valid MXFP4
+  // arguments, more than kMxfp4MaxDeviceTokens tokens, not keep_on_device, not `captured`.
+  static bool Mxfp4ExpertsOnCublas(const RoutedExpertsArgs& a, bool captured);
   // RoutedExperts with FP8 experts (cuda_backend_fp8.cc), and its two ways of running the expert
   // GEMMs over the permuted fp32 rows [rows, hidden] grouped by the device offsets [E + 1]
   // (SiluMulF32 between gate_up and down), writing expert_out [rows, hidden] fp32:
@@ -518,8 +534,38 @@ class CudaBackend : public Backend {
   // plan: device counts [E] | offsets [E + 1] of the permutation (rows padded to chunk_rows
   // for kChunked); `rows` the row buffers' size; `permuted` the gathered rows in the weights'
   // type (bf16 or fp32); `expert_out` [rows, hidden] gets the down GEMM's output in that type.
+  // MXFP4 experts (a.mxfp4()) are widened to bf16 a group at a time (ExpertGemmsMxfp4Widened).
   bool ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* plan, int32_t chunk_rows,
                            int64_t rows, const void* permuted, void* expert_out);
+  // What the slices of one ExpertGemmsOnCublas call share: the plan on the host (counts [E] |
+  // offsets [E + 1]), the chunk rows, the whole row buffers (rows of the GEMMs' type: bf16 or
+  // fp32) and kernels::ExpertGemmCublasParams' pointer workspace.
+  struct ExpertGemmsCublasRun {
+    const int32_t* host_plan = nullptr;
+    int32_t chunk_rows = 0;
+    bool bf16 = true;
+    const void* permuted = nullptr;  // [rows, hidden]
+    void* gate_up = nullptr;         // [rows, 2 * inter]
+    void* act = nullptr;             // [rows, inter]
+    void* expert_out = nullptr;      // [rows, hidden]
+    void** pointers = nullptr;
+    int64_t pointer_count = 0;
+  };
+  // Experts first .. first + count - 1's matrices, in the GEMMs' type: device addresses in host
+  // arrays [count] (the resident weights, or their bf16 copies in scratch).
+  struct ExpertMatrices {
+    int32_t first = 0, count = 0;
+    const void* const* gate_up = nullptr;
+    const void* const* down = nullptr;
+  };
+  // gate_up, SiLU-mul and down over the rows of experts m.first .. m.first + m.count - 1 (a
+  // contiguous range of the permuted rows); false after recording an error.
+  bool ExpertGemmsOnCublasSlice(const RoutedExpertsArgs& a, const ExpertGemmsCublasRun& run,
+                                const ExpertMatrices& m);
+  // ExpertGemmsOnCublas for MXFP4 experts (cuda_backend_mxfp4.cc): Mxfp4DequantGroupExperts
+  // experts at a time widened into one scratch buffer, then their slice; groups without rows
+  // are skipped.
+  bool ExpertGemmsMxfp4Widened(const RoutedExpertsArgs& a, const ExpertGemmsCublasRun& run);
   // One kernels::ExpertGemmsCublas call with expert_gemm_algo_.
   bool ExpertGemms(const kernels::ExpertGemmCublasParams& g, const char* which);
   // Runs one Gemm / BatchedGemm on kernels::StagedGemvBf16 or kernels::SmallMGemmBf16 where one

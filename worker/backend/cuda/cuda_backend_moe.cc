@@ -169,11 +169,6 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   // Batch-invariant: bf16 experts on the device path only (fp32 experts: the caller's per-expert
   // GroupedGemm, whose GEMMs are batch-invariant then).
   if (tuning_.batch_invariant && a.dtype != WeightDType::kBFloat16) return false;
-  if (a.mxfp4()) return RoutedExpertsMxfp4(a);
-  if (a.num_experts < 1 || a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 ||
-      a.inter % 8 != 0 || a.num_tokens < 0 || a.top_k < 1) {
-    return false;
-  }
   // Decode and small prefills: everything stays on the device (no host synchronisation, so the
   // step can be captured in a CUDA graph). Larger batches: cuBLAS tensor-core GEMMs per expert,
   // fed with the group sizes through one small device-to-host copy.
@@ -181,6 +176,16 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   // would fail the capture: take the device path then, at any size (correct, only slower).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   Check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+  // MXFP4 experts on the cuBLAS path go on below as bf16 experts (widened a group at a time).
+  if (a.mxfp4() && !Mxfp4ExpertsOnCublas(a, capture != cudaStreamCaptureStatusNone)) {
+    return RoutedExpertsMxfp4(a);
+  }
+  if (a.num_experts < 1 || a.num_experts > kernels::kMaxMoeSlots || a.hidden_size % 8 != 0 ||
+      a.inter % 8 != 0 || a.num_tokens < 0 || a.top_k < 1) {
+    return false;
+  }
+  // bf16 GEMM operands: bf16 experts, or MXFP4 experts widened to bf16.
+  const bool bf16_gemms = a.dtype == WeightDType::kBFloat16 || a.mxfp4();
   const bool device_grouped =
       a.dtype == WeightDType::kBFloat16 &&
       (a.num_tokens <= kMaxFusedMoeTokens || capture != cudaStreamCaptureStatusNone ||
@@ -206,7 +211,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   // bf16 weights gather the rows straight into bf16 (the GEMM operand), except for the device
   // path's fp32-activation kernel; the batch-invariant mode's kernel takes them in bf16.
   const bool gather_bf16 =
-      a.dtype == WeightDType::kBFloat16 &&
+      bf16_gemms &&
       (!(device_grouped && decode_algo == DecodeMoeAlgo::kGroupedF32) || tuning_.batch_invariant);
   MoePermutation perm;
   {
@@ -471,7 +476,7 @@ void CudaBackend::ExpertGemmsOnDevice(const RoutedExpertsArgs& a, DecodeMoeAlgo 
 bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t* plan,
                                       int32_t chunk_rows, int64_t rows, const void* permuted,
                                       void* expert_out) {
-  const int64_t E = a.num_experts, H = a.hidden_size, I = a.inter;
+  const int64_t E = a.num_experts, I = a.inter;
   // The one host synchronisation of this path: cuBLAS takes the group sizes on the host.
   std::vector<int32_t> host_plan(2 * E + 1);  // counts [E] | offsets [E + 1]
   {
@@ -483,6 +488,25 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
       return false;
     }
   }
+  // bf16 weights (or MXFP4 ones widened to bf16): the activation operands are rounded to bf16
+  // (the permutation did it for the hidden rows), as every bf16 GEMM of the backend, and both
+  // GEMMs write bf16.
+  ExpertGemmsCublasRun run;
+  run.host_plan = host_plan.data();
+  run.chunk_rows = chunk_rows;
+  run.bf16 = a.dtype == WeightDType::kBFloat16 || a.mxfp4();
+  const size_t elem = run.bf16 ? sizeof(uint16_t) : sizeof(float);
+  run.pointer_count = kernels::ExpertGemmPointerCount(rows, chunk_rows);
+  auto pointers = AllocateScratch(run.pointer_count * sizeof(void*));
+  auto gate_up_out = AllocateScratch(rows * 2 * I * elem);
+  auto act = AllocateScratch(rows * I * elem);
+  run.pointers = static_cast<void**>(pointers->data());
+  run.permuted = permuted;
+  run.gate_up = gate_up_out->data();
+  run.act = act->data();
+  run.expert_out = expert_out;
+  if (a.mxfp4()) return ExpertGemmsMxfp4Widened(a, run);
+
   std::vector<const void*> gate_up(E), down(E);
   if (a.gate_up_host != nullptr && a.down_host != nullptr) {
     gate_up.assign(a.gate_up_host, a.gate_up_host + E);
@@ -496,48 +520,67 @@ bool CudaBackend::ExpertGemmsOnCublas(const RoutedExpertsArgs& a, const int32_t*
              !Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) {
     return false;
   }
-  // bf16 weights: the activation operands are rounded to bf16 (the permutation did it for the
-  // hidden rows), as every bf16 GEMM of the backend, and both GEMMs write bf16.
-  const bool bf16 = a.dtype == WeightDType::kBFloat16;
-  const int64_t pointer_count = kernels::ExpertGemmPointerCount(rows, chunk_rows);
-  auto pointers = AllocateScratch(pointer_count * sizeof(void*));
-  auto gate_up_out = AllocateScratch(rows * 2 * I * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+  ExpertMatrices all;
+  all.count = static_cast<int32_t>(E);
+  all.gate_up = gate_up.data();
+  all.down = down.data();
+  return ExpertGemmsOnCublasSlice(a, run, all);
+}
+
+bool CudaBackend::ExpertGemmsOnCublasSlice(const RoutedExpertsArgs& a,
+                                           const ExpertGemmsCublasRun& run,
+                                           const ExpertMatrices& m) {
+  const int64_t E = a.num_experts, H = a.hidden_size, I = a.inter;
+  const size_t elem = run.bf16 ? sizeof(uint16_t) : sizeof(float);
+  // The slice's offsets from its first row (kernels::ExpertGemmsCublas starts at 0); its rows
+  // are contiguous in every row buffer.
+  const int32_t* counts = run.host_plan + m.first;
+  const int32_t* offsets = run.host_plan + E + m.first;
+  const int64_t first_row = offsets[0];
+  std::vector<int32_t> slice_offsets(m.count + 1);
+  for (int32_t s = 0; s <= m.count; ++s) slice_offsets[s] = offsets[s] - offsets[0];
+  const int64_t slice_rows = slice_offsets[m.count];  // padded (kChunked)
+  if (slice_rows == 0) return true;
+  // The slice's first row of a row buffer of `width` elements a row.
+  auto at = [&](void* base, int64_t width) {
+    return static_cast<char*>(base) + first_row * width * static_cast<int64_t>(elem);
+  };
   kernels::ExpertGemmCublasParams g;
-  g.num_slots = static_cast<int32_t>(E);
-  g.host_counts = host_plan.data();
-  g.host_offsets = host_plan.data() + E;
-  g.host_weights = gate_up.data();
-  g.weight_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  g.num_slots = m.count;
+  g.host_counts = counts;
+  g.host_offsets = slice_offsets.data();
+  g.host_weights = m.gate_up;
+  g.weight_type = run.bf16 ? CUDA_R_16BF : CUDA_R_32F;
   g.n = static_cast<int32_t>(2 * I);
   g.k = static_cast<int32_t>(H);
-  g.x = permuted;
-  g.y = gate_up_out->data();
-  g.output_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  g.chunk_rows = chunk_rows;
-  g.device_pointers = static_cast<void**>(pointers->data());
-  g.device_pointers_size = pointer_count;
+  g.x = static_cast<const char*>(run.permuted) + first_row * H * static_cast<int64_t>(elem);
+  g.y = at(run.gate_up, 2 * I);
+  g.output_type = run.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  g.chunk_rows = run.chunk_rows;
+  g.device_pointers = run.pointers;
+  g.device_pointers_size = run.pointer_count;
   {
     PhaseTimer phase(this, "RoutedExpertsCublas/gate_up", true);
     if (!ExpertGemms(g, "gate_up")) return false;
   }
   // Padding rows (kChunked) go through SiLU-mul too: meaningless values nobody reads.
-  auto act = AllocateScratch(rows * I * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+  void* act = at(run.act, I);
   {
     PhaseTimer phase(this, "RoutedExpertsCublas/silu_mul", true);
-    const int64_t act_rows = host_plan[2 * E];  // padded total
-    if (bf16) {
-      Check(kernels::SiluMulBf16(act_rows, I, gate_up_out->as<uint16_t>(), act->as<uint16_t>(),
-                                 stream_, nullptr, a.swiglu_limit),
+    if (run.bf16) {
+      Check(kernels::SiluMulBf16(slice_rows, I, static_cast<const uint16_t*>(g.y),
+                                 static_cast<uint16_t*>(act), stream_, nullptr, a.swiglu_limit),
             "kernels::SiluMulBf16");
     } else {
-      SiluMulF32Rows(act_rows, I, gate_up_out->as<float>(), a.swiglu_limit, act->as<float>());
+      SiluMulF32Rows(slice_rows, I, static_cast<const float*>(g.y), a.swiglu_limit,
+                     static_cast<float*>(act));
     }
   }
-  g.host_weights = down.data();
+  g.host_weights = m.down;
   g.n = static_cast<int32_t>(H);
   g.k = static_cast<int32_t>(I);
-  g.x = act->data();
-  g.y = expert_out;
+  g.x = act;
+  g.y = at(run.expert_out, H);
   PhaseTimer phase(this, "RoutedExpertsCublas/down", true);
   return ExpertGemms(g, "down");
 }

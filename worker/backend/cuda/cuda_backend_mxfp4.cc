@@ -1,12 +1,15 @@
 // CudaBackend's routed experts kept in MXFP4 (e2m1 with UE8M0 scales per 32 values, DeepSeek-V4's
-// layout): the permutation to bf16 rows, kernels::Mxfp4MmaGroupedGemm for gate_up and down, the
-// combine. The group extents stay on the device, so one path serves decode (inside CUDA graphs)
-// and prefill.
+// layout). Decode sizes (and any size while captured): the permutation to bf16 rows,
+// kernels::Mxfp4MmaGroupedGemm for gate_up and down, the combine, the group extents on the
+// device. Prefill sizes: RoutedExperts' cuBLAS path, fed with the experts widened to bf16 a group
+// at a time (ExpertGemmsMxfp4Widened).
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/activation/elementwise.h"
+#include "kernels/gemm/mxfp4_dequant.h"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/moe_permute.h"
@@ -14,6 +17,64 @@
 #include "worker/backend/cuda/op_timer.h"
 
 namespace deepinfer {
+
+bool CudaBackend::Mxfp4ExpertsOnCublas(const RoutedExpertsArgs& a, bool captured) {
+  const int64_t H = a.hidden_size, I = a.inter;
+  return a.mxfp4() && a.num_tokens > kMxfp4MaxDeviceTokens && !captured && !a.keep_on_device &&
+         H >= 1 && H % kernels::kMxfp4BlockSize == 0 && I >= 1 &&
+         I % kernels::kMxfp4BlockSize == 0 && a.gate_up_mx_scales != nullptr &&
+         a.down_mx_scales != nullptr && a.gate_up_scale_ld >= H / kernels::kMxfp4BlockSize &&
+         a.down_scale_ld >= I / kernels::kMxfp4BlockSize;
+}
+
+bool CudaBackend::ExpertGemmsMxfp4Widened(const RoutedExpertsArgs& a,
+                                          const ExpertGemmsCublasRun& run) {
+  const int64_t E = a.num_experts, H = a.hidden_size, I = a.inter;
+  const int64_t bound = tuning_.mxfp4_dequant_scratch_bytes;
+  const int64_t group = Mxfp4DequantGroupExperts(E, H, I, bound);
+  // One buffer for every group (stream order: a group's widening runs after the previous
+  // group's GEMMs): the group's gate_up matrices [group, 2I, H], then its down [group, H, I].
+  auto scratch = AllocateScratch(Mxfp4DequantScratchBytes(E, H, I, bound));
+  uint16_t* gate_up = scratch->as<uint16_t>();
+  uint16_t* down = gate_up + group * 2 * I * H;
+  std::vector<const void*> gate_up_ptr(group), down_ptr(group);
+  for (int64_t i = 0; i < group; ++i) {
+    gate_up_ptr[i] = gate_up + i * 2 * I * H;
+    down_ptr[i] = down + i * H * I;
+  }
+  const int32_t* offsets = run.host_plan + E;
+  for (int64_t first = 0; first < E; first += group) {
+    const int64_t count = std::min(group, E - first);
+    if (offsets[first + count] == offsets[first]) continue;  // no rows
+    {
+      PhaseTimer phase(this, "RoutedExpertsCublas/mxfp4_dequant", true);
+      kernels::Mxfp4DequantParams d;
+      d.first = static_cast<int32_t>(first);
+      d.num_matrices = static_cast<int32_t>(count);
+      d.weights = reinterpret_cast<const uint8_t* const*>(a.gate_up);
+      d.scales = a.gate_up_mx_scales;
+      d.n = 2 * I;
+      d.k = H;
+      d.scale_ld = a.gate_up_scale_ld;
+      d.out = gate_up;
+      Check(kernels::Mxfp4DequantToBf16(d, stream_), "kernels::Mxfp4DequantToBf16(gate_up)");
+      d.weights = reinterpret_cast<const uint8_t* const*>(a.down);
+      d.scales = a.down_mx_scales;
+      d.n = H;
+      d.k = I;
+      d.scale_ld = a.down_scale_ld;
+      d.out = down;
+      Check(kernels::Mxfp4DequantToBf16(d, stream_), "kernels::Mxfp4DequantToBf16(down)");
+    }
+    ExpertMatrices m;
+    m.first = static_cast<int32_t>(first);
+    m.count = static_cast<int32_t>(count);
+    m.gate_up = gate_up_ptr.data();
+    m.down = down_ptr.data();
+    if (!ExpertGemmsOnCublasSlice(a, run, m)) return false;
+  }
+  return true;
+}
 
 bool CudaBackend::RoutedExpertsMxfp4(const RoutedExpertsArgs& a) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;

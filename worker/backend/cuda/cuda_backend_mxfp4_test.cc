@@ -8,7 +8,12 @@
 // product) near a rounding boundary: each choice is allowed two such steps of its largest
 // product plus its GEMMs' bounds carried through (with V4's clamp, g and u are rounded to bf16
 // before it: one step more each). Eager at decode and prefill sizes, and replayed from a CUDA
-// graph. Skips without a GPU.
+// graph. Above CudaBackend::kMxfp4MaxDeviceTokens (eager) the experts are widened to bf16 for the
+// cuBLAS path, whose bf16 weights are the same values (the widening is exact at these scales);
+// there gate_up is written in bf16 (g and u rounded as with the clamp: one step more each), each
+// choice's down output is rounded to bf16 before the combine (one step of |y|, twice the
+// half-step bound), and cuBLAS may split k or accumulate with truncation (2^-23 per addition, not
+// 2^-24): the summation bounds are doubled. Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -84,12 +89,15 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
   }
 
   // limit > 0: DeepSeek-V4's clamped SwiGLU, on gate_up rounded to bf16.
-  void Run(int64_t T, bool graph, float limit = 0.0f) {
+  // dequant_groups: the widening's calls expected on the cuBLAS path.
+  void Run(int64_t T, bool graph, float limit = 0.0f, int64_t dequant_groups = 1) {
     const uint32_t seed = testing::FreshSeed();
     SCOPED_TRACE(::testing::Message()
                  << "seed " << seed << " tokens " << T << (graph ? " replayed" : " eager"));
     std::mt19937 gen(seed);
     const double step = std::ldexp(1.0, -8);
+    const bool cublas = !graph && T > CudaBackend::kMxfp4MaxDeviceTokens;
+    const double sums = cublas ? 2.0 : 1.0;  // the summation bounds' factor (see the top)
     std::vector<MxMatrix> gu, dn;
     std::vector<const void*> gu_ptr, dn_ptr, gu_scale, dn_scale;
     for (int64_t e = 0; e < E; ++e) {
@@ -163,7 +171,10 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
     ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
     const std::string report = gpu_->TakeOpTimingReport();
     gpu_->SetOpTiming(false);
-    if (!graph) {
+    if (cublas) {
+      EXPECT_EQ(CallsOf(report, "RoutedExpertsCublas"), 1) << report;
+      EXPECT_EQ(CallsOf(report, "RoutedExpertsCublas/mxfp4_dequant"), dequant_groups) << report;
+    } else if (!graph) {
       EXPECT_EQ(CallsOf(report, "RoutedExpertsMxfp4"), 1) << report;
     }
     const std::vector<float> got = Download(*out);
@@ -178,14 +189,18 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
         std::vector<double> act(I), dact(I);
         for (int64_t i = 0; i < I; ++i) {
           double gate = g[i], up = g[I + i];
-          double dg = Bound(H, gmag[i], gate), du = Bound(H, gmag[I + i], up);
-          if (limit > 0) {
-            // The device rounds g and u to bf16 before clamping: each may land one bf16 ulp (at
+          double dg = sums * Bound(H, gmag[i], gate), du = sums * Bound(H, gmag[I + i], up);
+          if (limit > 0 || cublas) {
+            // The device rounds g and u to bf16 (before clamping): each may land one bf16 ulp (at
             // most 2^-7 of it) from the host's rounding.
             dg += 2 * step * std::abs(gate);
             du += 2 * step * std::abs(up);
-            gate = std::min<double>(RoundToBf16(static_cast<float>(gate)), limit);
-            up = std::clamp<double>(RoundToBf16(static_cast<float>(up)), -limit, limit);
+            gate = RoundToBf16(static_cast<float>(gate));
+            up = RoundToBf16(static_cast<float>(up));
+          }
+          if (limit > 0) {
+            gate = std::min<double>(gate, limit);
+            up = std::clamp<double>(up, -limit, limit);
           }
           const double sg = gate / (1.0 + std::exp(-gate));
           act[i] = RoundToBf16(static_cast<float>(sg * up));
@@ -201,7 +216,9 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
             carried += wv * dact[i];
           }
           want[h] += wts[t * K + k] * y[h];
-          tol[h] += wts[t * K + k] * (2 * step * largest + carried + Bound(I, ymag[h], y[h]));
+          tol[h] +=
+              wts[t * K + k] * (2 * step * largest + carried + sums * Bound(I, ymag[h], y[h]) +
+                                (cublas ? step * std::abs(y[h]) : 0.0));
         }
       }
       for (int64_t h = 0; h < H; ++h) {
@@ -218,11 +235,24 @@ TEST_F(CudaMxfp4RoutedExpertsTest, DecodeSizes) {
   Run(3, false);
 }
 
-// More rows than experts, and a prefill size: the same device path at any size.
+// More rows than experts on the device path; just above it, the widened experts on cuBLAS.
 TEST_F(CudaMxfp4RoutedExpertsTest, LargerBatches) {
   if (!kernels::Mxfp4MmaGemmAvailable()) GTEST_SKIP() << "no sm_80+ kernel for this device";
   Run(70, false);
-  Run(CudaBackend::kMaxFusedMoeTokens + 30, false);
+  Run(CudaBackend::kMxfp4MaxDeviceTokens + 30, false);
+}
+
+// A prefill size (128 rows per expert on average) on the cuBLAS path, the widening bounded to 5
+// experts at a time: groups of 5, 5, 5 and 1 experts, each group's rows a slice of the buffers;
+// then with V4's clamp.
+TEST_F(CudaMxfp4RoutedExpertsTest, PrefillWidenedInGroups) {
+  CudaTuning tuning;
+  tuning.mxfp4_dequant_scratch_bytes = 5 * Mxfp4DequantExpertBytes(H, I) + 4096;
+  auto b = CudaBackend::Create(0, WeightDType::kBFloat16, tuning);
+  ASSERT_TRUE(b.ok()) << b.status();
+  gpu_ = std::move(*b);
+  Run(2048, false, 0.0f, /*dequant_groups=*/4);
+  Run(600, false, 0.7f, /*dequant_groups=*/4);
 }
 
 // No host synchronisation: the op records into a CUDA graph and replays.
