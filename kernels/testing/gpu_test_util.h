@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -95,7 +96,13 @@ class DeviceArray {
 };
 
 // A fresh seed per call (tests run on new random data each time); callers print it on failure.
-inline uint32_t FreshSeed() { return std::random_device{}(); }
+// DEEPINFER_TEST_SEED=N replays a printed seed: every call returns N.
+inline uint32_t FreshSeed() {
+  if (const char* fixed = std::getenv("DEEPINFER_TEST_SEED"); fixed != nullptr && *fixed != 0) {
+    return static_cast<uint32_t>(std::strtoul(fixed, nullptr, 10));
+  }
+  return std::random_device{}();
+}
 
 inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float stddev = 1.0f) {
   std::mt19937 gen(seed);
