@@ -287,5 +287,51 @@ TEST(V4WeightsTest, Mxfp4DummyExpertsAreTheHostQuantisedValues) {
   }
 }
 
+// dsv4_mix stores its routed experts MXFP4 as a V4 release does (U8 e2m1 pairs, U8 UE8M0 scales):
+// with mxfp4_experts every expert holds the stored bytes and scales, [gate; up] stacked.
+TEST(V4WeightsTest, Mxfp4CheckpointExpertsAreKeptAsStored) {
+  ModelConfig model;
+  auto source = OpenWeightSource(Fixture("dsv4_mix"), &model);
+  ASSERT_TRUE(source.ok()) << source.status();
+  auto c = DeepseekV4Config::FromModelConfig(model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const int64_t H = c->hidden_size, I = c->moe_intermediate_size;
+  CpuBackend be(2, WeightDType::kBFloat16);
+  LoadOptions options;
+  options.mxfp4_experts = true;
+  auto w = DeepseekV4Weights::Load(*c, source->get(), &be, options);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto bytes = [&](const DeviceBuffer& b) {
+    std::vector<uint8_t> v(b.size_bytes());
+    be.CopyToHost(b.data(), v.size(), v.data());
+    return v;
+  };
+  int checked = 0;
+  for (int64_t l = 0; l < c->num_layers; ++l) {
+    for (const auto& [e, m] : (*w)->moe.layers[l].experts) {
+      SCOPED_TRACE(absl::StrCat("layer ", l, " expert ", e));
+      const std::string p = absl::StrCat("model.layers.", l, ".mlp.experts.", e, ".");
+      ASSERT_TRUE((*source)->StoresMxfp4(p + "gate_proj.weight"));
+      auto gate = (*source)->ReadMxfp4(p + "gate_proj.weight", {I, H});
+      auto up = (*source)->ReadMxfp4(p + "up_proj.weight", {I, H});
+      auto down = (*source)->ReadMxfp4(p + "down_proj.weight", {H, I});
+      ASSERT_TRUE(gate.ok() && up.ok() && down.ok());
+      ASSERT_TRUE(gate->has_value() && up->has_value() && down->has_value());
+      std::vector<uint8_t> packed = (*gate)->packed, scales = (*gate)->scales;
+      packed.insert(packed.end(), (*up)->packed.begin(), (*up)->packed.end());
+      scales.insert(scales.end(), (*up)->scales.begin(), (*up)->scales.end());
+      ASSERT_TRUE(m.gate_up.mxfp4() && m.down.mxfp4());
+      EXPECT_EQ(bytes(*m.gate_up.data), packed);
+      EXPECT_EQ(bytes(*m.gate_up.mx_scales), scales);
+      EXPECT_EQ(bytes(*m.down.data), (*down)->packed);
+      EXPECT_EQ(bytes(*m.down.mx_scales), (*down)->scales);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, c->num_layers * c->n_routed_experts);
+  EXPECT_EQ((*w)->moe.device_bytes,
+            DeepseekV4Weights::DeviceBytes(*c, WeightDType::kBFloat16, options));
+}
+
 }  // namespace
 }  // namespace deepinfer
