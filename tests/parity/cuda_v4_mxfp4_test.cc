@@ -24,10 +24,11 @@
 // CPU bf16 run less 5% of the rows. Greedy tokens agree on most rows: at least 85% (the CPU
 // backend's bf16 V4 agrees with HF float32 on 68 / 72 and 69 / 72 teacher-forced positions,
 // cuda_v4_parity_test.cc; 85% leaves that margin for the MXFP4 kernels' other rounding places).
-// Skips itself without a GPU.
+// Decode graphs: CudaV4Mxfp4GraphTest below. Skips itself without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <random>
@@ -224,6 +225,83 @@ TEST_P(CudaV4Mxfp4Test, LogitsMatchTheCpuOnTheSameMxfp4Experts) {
   EXPECT_LE(gpu_err.p90, 2 * cpu_err.p90);
   EXPECT_GE(gpu_err.argmax_match, cpu_err.argmax_match - gpu_err.rows / 20);
   EXPECT_GE(gpu_err.argmax_match, gpu_err.rows * 85 / 100);
+}
+
+// Decode steps replayed from CUDA graphs with MXFP4 experts (RoutedExpertsMxfp4 recorded, the
+// routing on the device): dsv4_bf16's config with dummy weights, 40 prompts, then batch sizes 1 3
+// 5 40 17 2 twice (padded to the buckets): every step takes the graph path, with tokens and
+// logprobs bit for bit those of the same padded steps run eagerly (DecodeGraphOptions::replay
+// false), as decode_graph_gpu_test asserts for bf16 experts.
+TEST(CudaV4Mxfp4GraphTest, ReplayedStepsEqualPaddedEagerSteps) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const std::string model = "dummy:" + LoadFixture("dsv4_bf16").dir + "/config.json@11";
+  const std::vector<int64_t> schedule = {1, 3, 5, 40, 17, 2, 1, 3, 5, 40, 17, 2};
+  constexpr int64_t kSeqs = 40;
+  struct Run {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    int64_t graph_steps = 0;
+  };
+  auto run = [&](Backend* backend, bool replay) -> absl::StatusOr<Run> {
+    LoadOptions load;
+    load.mxfp4_experts = true;
+    auto m = LoadModel(model, backend, load);
+    if (!m.ok()) return m.status();
+    DecodeGraphOptions graphs;
+    graphs.max_batch = 48;
+    graphs.replay = replay;
+    (*m)->SetDecodeGraphOptions(graphs);
+    const int64_t vocab = (*m)->config().vocab_size;
+    KvBlockPoolOptions o{(*m)->CacheSpec(), 400, 16};
+    o.max_sequences = kSeqs;
+    auto pool = KvBlockPool::Create(backend, o);
+    if (!pool.ok()) return pool.status();
+    std::vector<SequenceStep> seqs(kSeqs);
+    for (int64_t i = 0; i < kSeqs; ++i) {
+      const int64_t len = 1 + (i * 37) % 61;
+      for (int64_t j = 0; j < len; ++j) {
+        seqs[i].tokens.push_back(static_cast<int32_t>((i * 131 + j * 7 + 3) % vocab));
+      }
+      auto b = (*pool)->Allocate((*pool)->BlocksFor(len + static_cast<int64_t>(schedule.size())));
+      if (!b.ok()) return b.status();
+      seqs[i].block_table = std::move(*b);
+      seqs[i].sampling = SamplingParams{};
+      seqs[i].return_logits = false;
+    }
+    auto prefill = (*m)->Step(seqs, pool->get());
+    if (!prefill.ok()) return prefill.status();
+    for (int64_t i = 0; i < kSeqs; ++i) {
+      seqs[i].position_offset = static_cast<int64_t>(seqs[i].tokens.size());
+      seqs[i].tokens = {prefill->sampled[i].token};
+    }
+    Run r;
+    for (int64_t n : schedule) {
+      std::vector<SequenceStep> batch(seqs.begin(), seqs.begin() + n);
+      auto out = (*m)->Step(batch, pool->get());
+      if (!out.ok()) return out.status();
+      for (int64_t i = 0; i < n; ++i) {
+        r.tokens.push_back(out->sampled[i].token);
+        r.logprobs.push_back(out->sampled[i].logprob);
+        seqs[i].position_offset += 1;
+        seqs[i].tokens = {out->sampled[i].token};
+      }
+    }
+    r.graph_steps = (*m)->decode_graph_steps();
+    return r;
+  };
+  auto gpu = CudaBackend::Create(0, WeightDType::kBFloat16);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto replayed = run(gpu->get(), true);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  auto eager = run(gpu->get(), false);
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  EXPECT_EQ(replayed->graph_steps, static_cast<int64_t>(schedule.size()));
+  EXPECT_EQ(eager->graph_steps, static_cast<int64_t>(schedule.size()));
+  EXPECT_EQ(replayed->tokens, eager->tokens);
+  ASSERT_EQ(replayed->logprobs.size(), eager->logprobs.size());
+  EXPECT_EQ(std::memcmp(replayed->logprobs.data(), eager->logprobs.data(),
+                        eager->logprobs.size() * sizeof(float)),
+            0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaV4Mxfp4Test,
