@@ -398,9 +398,9 @@ absl::StatusOr<std::optional<WeightSource::Mxfp4Tensor>> SafetensorsCheckpoint::
   out.scales.assign(sc->data, sc->data + n / 32);
   for (size_t i = 0; i < out.scales.size(); ++i) {
     if (out.scales[i] == 0xFF) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "scale '", s.scale_name, "' of tensor '", name, "' element ", i,
-          " is nan (byte 0xff); block scales must be finite and non-negative"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("scale '", s.scale_name, "' of tensor '", name, "' element ", i,
+                       " is nan (byte 0xff); block scales must be finite and non-negative"));
     }
   }
   return std::optional<Mxfp4Tensor>(std::move(out));

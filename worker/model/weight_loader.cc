@@ -237,16 +237,18 @@ absl::Status WeightLoader::LoadMxfp4Mlp(const std::string& gate, const std::stri
             char *packed, *scales;
           };
           const int64_t half = inter * hidden;
-          const Part parts[] = {{&gate, {inter, hidden}, dst[0], dst[1]},
-                                {&up, {inter, hidden}, dst[0] + half / 2, dst[1] + half / kMxfp4Block},
-                                {&down, {hidden, inter}, dst[2], dst[3]}};
+          const Part parts[] = {
+              {&gate, {inter, hidden}, dst[0], dst[1]},
+              {&up, {inter, hidden}, dst[0] + half / 2, dst[1] + half / kMxfp4Block},
+              {&down, {hidden, inter}, dst[2], dst[3]}};
           for (const Part& p : parts) {
             auto t = src->ReadMxfp4(*p.name, p.shape);
             if (!t.ok()) return t.status();
             if (!t->has_value() || static_cast<int64_t>((*t)->packed.size()) != half / 2 ||
                 static_cast<int64_t>((*t)->scales.size()) != half / kMxfp4Block) {
-              return absl::InternalError(absl::StrCat(
-                  src->description(), ": '", *p.name, "' is not the MXFP4 tensor its header describes"));
+              return absl::InternalError(
+                  absl::StrCat(src->description(), ": '", *p.name,
+                               "' is not the MXFP4 tensor its header describes"));
             }
             std::memcpy(p.packed, (*t)->packed.data(), (*t)->packed.size());
             std::memcpy(p.scales, (*t)->scales.data(), (*t)->scales.size());
@@ -355,9 +357,8 @@ absl::Status WeightLoader::LoadFusedMxfp4Experts(const std::string& gate_up,
       outs.push_back(&m.mx_scales);
     }
     const bool stored = src_->StoresMxfp4(part.name);
-    const int64_t scratch =
-        stored ? Mxfp4Bytes(num_experts * per_expert)
-               : num_experts * per_expert * static_cast<int64_t>(sizeof(float));
+    const int64_t scratch = stored ? Mxfp4Bytes(num_experts * per_expert)
+                                   : num_experts * per_expert * static_cast<int64_t>(sizeof(float));
     WeightSource* src = src_;
     uploader_.Add(
         src_->ShardOf(part.name), std::move(sizes), std::move(outs), scratch,
@@ -383,10 +384,10 @@ absl::Status WeightLoader::LoadFusedMxfp4Experts(const std::string& gate_up,
             return st;
           }
           for (size_t i = 0; i < experts.size(); ++i) {
-            absl::Status st = QuantizeMxfp4(
-                all.data() + experts[i] * per_expert, part.rows, part.cols,
-                reinterpret_cast<uint8_t*>(dst[2 * i]), reinterpret_cast<uint8_t*>(dst[2 * i + 1]),
-                part.name.c_str());
+            absl::Status st =
+                QuantizeMxfp4(all.data() + experts[i] * per_expert, part.rows, part.cols,
+                              reinterpret_cast<uint8_t*>(dst[2 * i]),
+                              reinterpret_cast<uint8_t*>(dst[2 * i + 1]), part.name.c_str());
             if (!st.ok()) return st;
           }
           return absl::OkStatus();

@@ -312,7 +312,8 @@ absl::Status V4Moe::SwitchPlacement(std::shared_ptr<const ExpertPlacement> place
     for (const auto& [e, m] : layers_[l].weights->experts) {
       if (m.gate_up.mxfp4() || m.down.mxfp4()) {
         return absl::UnimplementedError(absl::StrCat(
-            "DeepSeek-V4 MoE layer ", l, ": an expert placement change with routed experts kept "
+            "DeepSeek-V4 MoE layer ", l,
+            ": an expert placement change with routed experts kept "
             "in MXFP4 (--dtype mxfp4) is not supported; experts are reloaded in the matrix dtype"));
       }
     }

@@ -149,7 +149,8 @@ class V4MtpTest : public ::testing::Test {
               std::vector<uint8_t>(rows * cols / 32, kScale2));
       } else if (fused && mxfp4_model_experts) {
         const int64_t n = static_cast<int64_t>(values.size());
-        w.Add(tensor, DType::kU8, {shape[0], shape[1], shape[2] / 2}, MxBytes(tensor, n / 2, false));
+        w.Add(tensor, DType::kU8, {shape[0], shape[1], shape[2] / 2},
+              MxBytes(tensor, n / 2, false));
         w.Add(tensor + "_scale", DType::kU8, {shape[0], shape[1], shape[2] / 32},
               MxBytes(tensor, n / 32, true));
       } else {

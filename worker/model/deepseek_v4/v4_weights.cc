@@ -222,10 +222,10 @@ absl::Status LoadMtp(Loader& ld, const DeepseekV4Config& c, int64_t i, bool mxfp
       LoadMlp(ld, m + "shared_experts.", "w1.weight", "w3.weight", "w2.weight", H, I, &M.shared));
   for (int64_t e = 0; e < E; ++e) {
     const std::string x = absl::StrCat(m, "experts.", e, ".");
-    V4W_RETURN_IF_ERROR(mxfp4 ? ld.LoadMxfp4Mlp(x + "w1.weight", x + "w3.weight", x + "w2.weight",
-                                                H, I, &M.experts[e])
-                              : LoadMlp(ld, x, "w1.weight", "w3.weight", "w2.weight", H, I,
-                                        &M.experts[e]));
+    V4W_RETURN_IF_ERROR(
+        mxfp4 ? ld.LoadMxfp4Mlp(x + "w1.weight", x + "w3.weight", x + "w2.weight", H, I,
+                                &M.experts[e])
+              : LoadMlp(ld, x, "w1.weight", "w3.weight", "w2.weight", H, I, &M.experts[e]));
   }
   V4W_RETURN_IF_ERROR(ld.Matrix(p + "e_proj.weight", {H, H}, &w->e_proj));
   V4W_RETURN_IF_ERROR(ld.Matrix(p + "h_proj.weight", {H, H}, &w->h_proj));
@@ -275,8 +275,8 @@ absl::StatusOr<std::unique_ptr<DeepseekV4Weights>> DeepseekV4Weights::Load(
     }
     V4W_RETURN_IF_ERROR(LoadMlp(ld, m + "shared_experts.", "gate_proj.weight", "up_proj.weight",
                                 "down_proj.weight", H, I, &M.shared));
-    V4W_RETURN_IF_ERROR(LoadExperts(ld, c, l, HostedExperts(c, options, l), options.mxfp4_experts,
-                                        &M.experts));
+    V4W_RETURN_IF_ERROR(
+        LoadExperts(ld, c, l, HostedExperts(c, options, l), options.mxfp4_experts, &M.experts));
   }
   // The model's checkpoint tensors, then each MTP module's, so that an error of a module's says
   // which.
