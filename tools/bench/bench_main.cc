@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
                   "FP8, as DeepSeek's FP8 release stores them), the rest bfloat16; 1 byte per\n"
                   "weight in the roofline. mxfp4 (--backend cuda, --ranks 1): the worker's\n"
                   "--dtype mxfp4, as fp8 with the routed experts quantised to MXFP4 at load;\n"
-                  "0.53 bytes per weight (the experts') in the roofline.");
+                  "0.53 bytes per weight (the experts') in the roofline; DeepSeek-V4 keeps\n"
+                  "no matrix FP8: its experts MXFP4, the rest bfloat16 (2 bytes a weight).");
   flags.AddString("kv-cache-dtype", &config.kv_cache_dtype,
                   "auto (= --dtype), bfloat16, float32 or fp8 (e4m3 latent with one scale\n"
                   "per token, bf16 rope key): the latent KV cache's element type, and its bytes\n"

@@ -998,6 +998,9 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     v4 = *std::move(c);
   }
   r.param_count = v4 ? CountParamsV4(*v4).total : CountParams(*config).total;
+  // V4 keeps no matrix FP8: with --dtype mxfp4 its routed experts are MXFP4 (bytes_per_value)
+  // and every other matrix bf16.
+  const double v4_matrix_bytes = bc.dtype == kBenchMxfp4 ? 2.0 : r.bytes_per_value;
   for (const RankOutput& o : outputs) {
     r.load_seconds = std::max(r.load_seconds, o.load_seconds);
     r.device_bytes_reserved_peak =
@@ -1044,8 +1047,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
             ? MlaForm::kNonAbsorbed
             : MlaForm::kAbsorbed;
     r.prefill_attention_form = v4 ? "v4" : form == MlaForm::kAbsorbed ? "absorbed" : "non-absorbed";
-    const StepCost pc = v4 ? PrefillStepCostV4(*v4, prefill_seqs, ctx, r.bytes_per_value,
-                                               r.cache_bytes_per_value, ranks)
+    const StepCost pc = v4 ? PrefillStepCostV4(*v4, prefill_seqs, ctx, v4_matrix_bytes,
+                                               r.cache_bytes_per_value, ranks, r.bytes_per_value)
                            : PrefillStepCost(*config, prefill_seqs, ctx, r.bytes_per_value,
                                              r.cache_bytes_per_value, ranks, form);
     r.prefill_bytes_per_step = pc.bytes;
@@ -1082,7 +1085,8 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
       t.tokens_per_s_per_gpu = n / t.p50_seconds;
       const int64_t mid = ctx + before + bc.output_len / 2;
       const StepCost cost =
-          v4 ? DecodeStepCostV4(*v4, n, mid, r.bytes_per_value, r.cache_bytes_per_value, ranks)
+          v4 ? DecodeStepCostV4(*v4, n, mid, v4_matrix_bytes, r.cache_bytes_per_value, ranks,
+                                r.bytes_per_value)
              : DecodeStepCost(*config, n, mid, r.bytes_per_value, r.cache_bytes_per_value, ranks);
       t.bytes_per_step = cost.bytes;
       t.flops_per_step = cost.flops;

@@ -108,8 +108,10 @@ ParamCounts CountParamsV4(const DeepseekV4Config& c) {
 }
 
 StepCost DecodeStepCostV4(const DeepseekV4Config& c, int64_t batch, int64_t context,
-                          double bytes_per_param, double cache_bytes_per_value, int64_t ranks) {
+                          double bytes_per_param, double cache_bytes_per_value, int64_t ranks,
+                          double expert_bytes_per_param) {
   const ParamCounts p = CountParamsV4(c);
+  const double expert_bytes = expert_bytes_per_param < 0 ? bytes_per_param : expert_bytes_per_param;
   const double E = c.n_routed_experts, k = c.num_experts_per_tok;
   const double tokens = static_cast<double>(batch) * ranks;
   const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - k / E, tokens)) / ranks : 0;
@@ -117,24 +119,27 @@ StepCost DecodeStepCostV4(const DeepseekV4Config& c, int64_t batch, int64_t cont
   const double hc = c.num_layers * HcParamsPerLayer(c) + HcHeadParams(c);
   const double matrices = p.total - routed_all - p.embedding - hc;
   StepCost s;
-  s.bytes = (matrices + p.moe_layers * touched * p.per_routed_expert +
-             batch * static_cast<double>(c.hidden_size)) *
-                bytes_per_param +
-            hc * 4.0 + batch * CacheValuesReadV4(c, context) * cache_bytes_per_value;
+  s.bytes = (matrices + batch * static_cast<double>(c.hidden_size)) * bytes_per_param +
+            p.moe_layers * touched * p.per_routed_expert * expert_bytes + hc * 4.0 +
+            batch * CacheValuesReadV4(c, context) * cache_bytes_per_value;
   s.flops = batch * (2.0 * p.active_per_token + AttentionFlopsV4(c, context));
   return s;
 }
 
 StepCost PrefillStepCostV4(const DeepseekV4Config& c, int64_t seqs, int64_t len,
-                           double bytes_per_param, double cache_bytes_per_value, int64_t ranks) {
+                           double bytes_per_param, double cache_bytes_per_value, int64_t ranks,
+                           double expert_bytes_per_param) {
   const ParamCounts p = CountParamsV4(c);
+  const double expert_bytes = expert_bytes_per_param < 0 ? bytes_per_param : expert_bytes_per_param;
   const double tokens = static_cast<double>(seqs) * len;
-  const double others = p.moe_layers * static_cast<double>(c.n_routed_experts) *
-                        p.per_routed_expert * (1.0 - 1.0 / ranks);
+  const double routed_all =
+      p.moe_layers * static_cast<double>(c.n_routed_experts) * p.per_routed_expert;
   const double hc = c.num_layers * HcParamsPerLayer(c) + HcHeadParams(c);
   StepCost s;
-  s.bytes = (p.total - p.embedding - others - hc + tokens * c.hidden_size) * bytes_per_param +
-            hc * 4.0 + tokens * CacheValuesWrittenV4(c) * cache_bytes_per_value;
+  // This GPU's 1 / ranks of the routed experts, every other weight.
+  s.bytes = (p.total - p.embedding - routed_all - hc + tokens * c.hidden_size) * bytes_per_param +
+            routed_all / ranks * expert_bytes + hc * 4.0 +
+            tokens * CacheValuesWrittenV4(c) * cache_bytes_per_value;
   double attention = 0;
   for (int64_t pos = 0; pos < len; ++pos) attention += AttentionFlopsV4(c, pos);
   const double lm_head = p.embedding;

@@ -30,11 +30,15 @@ struct V4KeysPerQuery {
 };
 V4KeysPerQuery KeysPerQueryV4(const DeepseekV4Config& c, int64_t layer, int64_t pos);
 
-// As DecodeStepCost / PrefillStepCost (roofline.h) for a V4 model.
+// As DecodeStepCost / PrefillStepCost (roofline.h) for a V4 model; the routed experts at
+// expert_bytes_per_param bytes a weight (< 0: bytes_per_param), e.g. MXFP4 experts (half a byte
+// and a UE8M0 byte per 32) beside bf16 matrices.
 StepCost DecodeStepCostV4(const DeepseekV4Config& c, int64_t batch, int64_t context,
-                          double bytes_per_param, double cache_bytes_per_value, int64_t ranks = 1);
+                          double bytes_per_param, double cache_bytes_per_value, int64_t ranks = 1,
+                          double expert_bytes_per_param = -1);
 StepCost PrefillStepCostV4(const DeepseekV4Config& c, int64_t seqs, int64_t len,
-                           double bytes_per_param, double cache_bytes_per_value, int64_t ranks = 1);
+                           double bytes_per_param, double cache_bytes_per_value, int64_t ranks = 1,
+                           double expert_bytes_per_param = -1);
 
 }  // namespace deepinfer
 

@@ -106,6 +106,24 @@ TEST(RooflineV4Test, DecodeBytesCountWeightsTouchedAndTheEntriesRead) {
   EXPECT_DOUBLE_EQ(s.flops, 2 * p.active_per_token + 2 * 8 * 16 + 8);
 }
 
+// MXFP4 experts beside bf16 matrices: only the routed experts' bytes change.
+TEST(RooflineV4Test, ExpertBytesCountOnlyTheRoutedExperts) {
+  const DeepseekV4Config c = Tiny();
+  const double mx = 0.5 + 1.0 / 32;
+  const StepCost bf16 = DecodeStepCostV4(c, 1, 9, 2.0, 4.0);
+  const StepCost mixed = DecodeStepCostV4(c, 1, 9, 2.0, 4.0, 1, mx);
+  // Two of four experts of 48 weights touched in each of the two layers.
+  EXPECT_DOUBLE_EQ(bf16.bytes - mixed.bytes, 2 * 2 * 48 * (2.0 - mx));
+  EXPECT_DOUBLE_EQ(mixed.flops, bf16.flops);
+  const StepCost prefill = PrefillStepCostV4(c, 1, 16, 2.0, 4.0);
+  const StepCost prefill_mx = PrefillStepCostV4(c, 1, 16, 2.0, 4.0, 1, mx);
+  EXPECT_DOUBLE_EQ(prefill.bytes - prefill_mx.bytes, 2 * 4 * 48 * (2.0 - mx));  // every expert
+  // Two ranks: each reads half of them.
+  EXPECT_DOUBLE_EQ(PrefillStepCostV4(c, 1, 16, 2.0, 4.0, 2).bytes -
+                       PrefillStepCostV4(c, 1, 16, 2.0, 4.0, 2, mx).bytes,
+                   4 * 48 * (2.0 - mx));
+}
+
 TEST(RooflineV4Test, PrefillAttentionGrowsWithThePromptButStaysBoundedByTheWindow) {
   const DeepseekV4Config c = V4Flash();
   const StepCost a = PrefillStepCostV4(c, 1, 1024, 2.0, 4.0);

@@ -115,6 +115,7 @@ tests=(
   //tests/parity:cuda_parity_test
   //tests/parity:cuda_fp8_parity_test
   //tests/parity:cuda_v4_parity_test
+  //tests/parity:cuda_v4_mxfp4_test
   //worker/comm:nccl_communicator_test
   //worker/comm:nccl_window_test
   //worker/comm:nccl_window_refused_test

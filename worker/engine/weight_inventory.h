@@ -6,9 +6,10 @@
 // the device; the loader keeps only part of that today: with `--dtype auto` on cuda, a
 // DeepSeek-V3 model keeps its F8_E4M3 128 x 128-block projections and MLPs FP8 with the scales
 // as float32, whatever the file's scale format, and dequantises kv_b_proj, eh_proj and
-// everything else to bf16; `--dtype mxfp4` (one rank) also keeps a V3 model's routed experts
-// MXFP4 as counted below; DeepSeek-V4 is dequantised. ModelWeights::DeviceBytes with
-// LoadOptions::keep_fp8 / mxfp4_experts is the loader's own count):
+// everything else to bf16; `--dtype mxfp4` (one rank) also keeps a V3 or V4 model's routed
+// experts MXFP4 as counted below; DeepSeek-V4 keeps nothing else FP8 (bf16). ModelWeights::
+// DeviceBytes / DeepseekV4Weights::DeviceBytes with LoadOptions::keep_fp8 / mxfp4_experts are the
+// loaders' own counts):
 //   bf16   every tensor in its unquantised dtype (BF16; F32 for the router correction bias and
 //          the hyper-connection mixers; I64 for the hash router's token table).
 //   fp8    projection matrices F8_E4M3 with one scale per 128 x 128 block (float32, or UE8M0

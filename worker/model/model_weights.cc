@@ -248,8 +248,7 @@ int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
       if (!is_mtp && options.hosts_expert && !options.hosts_expert(l, e)) continue;
       if (options.mxfp4_experts) {  // packed e2m1 and a UE8M0 byte per 32, both matrices
-        const int64_t elements = 3 * c.moe_intermediate_size * hid;
-        bytes += elements / 2 + elements / kMxfp4Block;
+        bytes += Mxfp4Bytes(3 * c.moe_intermediate_size * hid);
         continue;
       }
       bytes += mlp(absl::StrCat(m, "experts.", e, "."), c.moe_intermediate_size);

@@ -37,8 +37,10 @@ struct LoadOptions {
   // Routed experts (those of the decoder layers and of the MTP modules) kept in MXFP4 on the
   // device (e2m1 with a UE8M0 scale per 32 values, kernels/gemm/mxfp4_mma_gemm.h): `--dtype
   // mxfp4` on CUDA, where Backend::RoutedExperts runs them with one rank hosting every expert.
-  // Their values are read as fp32 (whatever the storage) and quantised on the host
-  // (worker/model/mxfp4_quantize.h); an expert's shared and the dense MLPs are not affected.
+  // Where the checkpoint stores them MXFP4 with UE8M0 byte scales (WeightSource::ReadMxfp4) the
+  // bytes and scales are kept as stored; otherwise their values are read as fp32 and quantised
+  // on the host (worker/model/mxfp4_quantize.h). An expert's shared and the dense MLPs are not
+  // affected.
   bool mxfp4_experts = false;
   // Checkpoint tensors are read and converted on this many threads (a thread per shard first),
   // staged within staging_bytes of host memory (page-locked on CUDA) and uploaded while the

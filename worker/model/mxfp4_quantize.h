@@ -16,6 +16,11 @@ namespace deepinfer {
 
 inline constexpr int64_t kMxfp4Block = 32;  // values per scale, along a row
 
+// Device bytes of an MXFP4 matrix of `elements` values: half a byte each and a UE8M0 byte per 32.
+inline constexpr int64_t Mxfp4Bytes(int64_t elements) {
+  return elements / 2 + elements / kMxfp4Block;
+}
+
 // The E2M1 code (sign in bit 3) nearest to f, ties to the even code, saturated to +-6. NaN: 0.
 uint8_t FloatToE2M1(float f);
 

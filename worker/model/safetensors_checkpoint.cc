@@ -232,6 +232,14 @@ bool KeepableFp8(const WeightStorage& s) {
          s.shape.size() == 2 && s.block_rows == 128 && s.block_cols == 128;
 }
 
+// MXFP4 storage the device keeps as stored: e2m1 bytes with E8M0 byte scales, rows of whole
+// 32-value blocks.
+bool KeepableMxfp4(const WeightStorage& s) {
+  return s.kind == WeightStorageKind::kMxfp4 && s.block_rows == 1 && s.block_cols == 32 &&
+         s.shape.size() >= 2 && s.shape.back() % 32 == 0 &&
+         (s.scale_dtype == DType::kF8E8M0 || s.scale_dtype == DType::kU8);
+}
+
 }  // namespace
 
 absl::StatusOr<WeightStorage> SafetensorsCheckpoint::Storage(const std::string& name) {
@@ -362,6 +370,40 @@ absl::StatusOr<std::optional<WeightSource::Fp8Tensor>> SafetensorsCheckpoint::Re
   absl::Status st = ScaleValues(name, s, *sc, &out.scales);
   if (!st.ok()) return st;
   return std::optional<Fp8Tensor>(std::move(out));
+}
+
+bool SafetensorsCheckpoint::StoresMxfp4(const std::string& name) {
+  absl::StatusOr<WeightStorage> s = Storage(name);
+  return s.ok() && KeepableMxfp4(*s);
+}
+
+absl::StatusOr<std::optional<WeightSource::Mxfp4Tensor>> SafetensorsCheckpoint::ReadMxfp4(
+    const std::string& name, const std::vector<int64_t>& shape) {
+  const SafetensorsTensor* t = nullptr;
+  const SafetensorsTensor* sc = nullptr;
+  std::string file;
+  absl::StatusOr<WeightStorage> s_or = Describe(name, &t, &sc, &file);
+  if (!s_or.ok()) return s_or.status();
+  const WeightStorage& s = *s_or;
+  if (!KeepableMxfp4(s)) return std::nullopt;
+  if (s.shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": MXFP4 tensor '", name, "' has shape [",
+                                                   absl::StrJoin(s.shape, ","), "], expected [",
+                                                   absl::StrJoin(shape, ","), "]"));
+  }
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  Mxfp4Tensor out;
+  out.packed.assign(t->data, t->data + n / 2);
+  out.scales.assign(sc->data, sc->data + n / 32);
+  for (size_t i = 0; i < out.scales.size(); ++i) {
+    if (out.scales[i] == 0xFF) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scale '", s.scale_name, "' of tensor '", name, "' element ", i,
+                       " is nan (byte 0xff); block scales must be finite and non-negative"));
+    }
+  }
+  return std::optional<Mxfp4Tensor>(std::move(out));
 }
 
 }  // namespace deepinfer

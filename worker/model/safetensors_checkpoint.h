@@ -37,6 +37,11 @@ class SafetensorsCheckpoint : public WeightSource {
   absl::StatusOr<std::optional<Fp8Tensor>> ReadFp8(const std::string& name,
                                                    const std::vector<int64_t>& shape) override;
   bool StoresFp8(const std::string& name) override;
+  // MXFP4 weights (U8 / I8 packed, or F4) whose scales are E8M0 bytes (F8_E8M0 or U8) and whose
+  // rows are whole 32-value blocks; nullopt for other storage (float scales among them).
+  absl::StatusOr<std::optional<Mxfp4Tensor>> ReadMxfp4(const std::string& name,
+                                                       const std::vector<int64_t>& shape) override;
+  bool StoresMxfp4(const std::string& name) override;
   bool Contains(const std::string& name) const override;
   std::string ShardOf(const std::string& name) const override;
   absl::StatusOr<WeightStorage> Storage(const std::string& name) override;

@@ -222,10 +222,43 @@ absl::Status WeightLoader::LoadMxfp4Mlp(const std::string& gate, const std::stri
   m->down.scale_ld = inter / kMxfp4Block;
   const int64_t gu = 2 * inter * hidden, dn = hidden * inter;
   WeightSource* src = src_;
+  const std::vector<size_t> sizes = {
+      static_cast<size_t>(gu / 2), static_cast<size_t>(gu / kMxfp4Block),
+      static_cast<size_t>(dn / 2), static_cast<size_t>(dn / kMxfp4Block)};
+  if (src_->StoresMxfp4(gate) && src_->StoresMxfp4(up) && src_->StoresMxfp4(down)) {
+    // As stored: [gate; up] is the two tensors' rows one after the other, bytes and scales.
+    uploader_.Add(
+        src_->ShardOf(gate), sizes,
+        {&m->gate_up.data, &m->gate_up.mx_scales, &m->down.data, &m->down.mx_scales}, 0,
+        [src, gate, up, down, inter, hidden](const std::vector<char*>& dst) -> absl::Status {
+          struct Part {
+            const std::string* name;
+            std::vector<int64_t> shape;
+            char *packed, *scales;
+          };
+          const int64_t half = inter * hidden;
+          const Part parts[] = {
+              {&gate, {inter, hidden}, dst[0], dst[1]},
+              {&up, {inter, hidden}, dst[0] + half / 2, dst[1] + half / kMxfp4Block},
+              {&down, {hidden, inter}, dst[2], dst[3]}};
+          for (const Part& p : parts) {
+            auto t = src->ReadMxfp4(*p.name, p.shape);
+            if (!t.ok()) return t.status();
+            if (!t->has_value() || static_cast<int64_t>((*t)->packed.size()) != half / 2 ||
+                static_cast<int64_t>((*t)->scales.size()) != half / kMxfp4Block) {
+              return absl::InternalError(
+                  absl::StrCat(src->description(), ": '", *p.name,
+                               "' is not the MXFP4 tensor its header describes"));
+            }
+            std::memcpy(p.packed, (*t)->packed.data(), (*t)->packed.size());
+            std::memcpy(p.scales, (*t)->scales.data(), (*t)->scales.size());
+          }
+          return absl::OkStatus();
+        });
+    return absl::OkStatus();
+  }
   uploader_.Add(
-      src_->ShardOf(gate),
-      {static_cast<size_t>(gu / 2), static_cast<size_t>(gu / kMxfp4Block),
-       static_cast<size_t>(dn / 2), static_cast<size_t>(dn / kMxfp4Block)},
+      src_->ShardOf(gate), sizes,
       {&m->gate_up.data, &m->gate_up.mx_scales, &m->down.data, &m->down.mx_scales},
       std::max(gu, dn) * static_cast<int64_t>(sizeof(float)),
       [src, gate, up, down, inter, hidden, gu, dn](const std::vector<char*>& dst) -> absl::Status {
@@ -284,6 +317,83 @@ void WeightLoader::LoadFusedExperts(const std::string& gate_up, const std::strin
         },
         Elements(part.shape) * static_cast<int64_t>(sizeof(float)));
   }
+}
+
+absl::Status WeightLoader::LoadFusedMxfp4Experts(const std::string& gate_up,
+                                                 const std::string& down, int64_t num_experts,
+                                                 int64_t hidden, int64_t inter,
+                                                 const std::vector<int64_t>& experts,
+                                                 std::map<int64_t, MlpWeights>* out) {
+  if (hidden % kMxfp4Block != 0 || inter % kMxfp4Block != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        gate_up, ": MXFP4 experts need hidden_size and moe_intermediate_size to be multiples of ",
+        kMxfp4Block, ", not ", hidden, " and ", inter));
+  }
+  // One job per fused tensor, read whole and sliced into the hosted experts' buffers.
+  struct Part {
+    std::string name;
+    int64_t rows, cols;
+  };
+  const Part parts[] = {{gate_up, 2 * inter, hidden}, {down, hidden, inter}};
+  for (int64_t e : experts) {
+    MlpWeights& m = (*out)[e];
+    m.inter = inter;
+    m.gate_up = MatrixBuffer();
+    m.down = MatrixBuffer();
+    m.gate_up.scale_ld = hidden / kMxfp4Block;
+    m.down.scale_ld = inter / kMxfp4Block;
+  }
+  for (int which = 0; which < 2; ++which) {
+    const Part& part = parts[which];
+    const int64_t per_expert = part.rows * part.cols;
+    const std::vector<int64_t> shape = {num_experts, part.rows, part.cols};
+    std::vector<size_t> sizes;
+    std::vector<std::unique_ptr<DeviceBuffer>*> outs;
+    for (int64_t e : experts) {
+      MatrixBuffer& m = which == 0 ? (*out)[e].gate_up : (*out)[e].down;
+      sizes.push_back(static_cast<size_t>(per_expert / 2));
+      sizes.push_back(static_cast<size_t>(per_expert / kMxfp4Block));
+      outs.push_back(&m.data);
+      outs.push_back(&m.mx_scales);
+    }
+    const bool stored = src_->StoresMxfp4(part.name);
+    const int64_t scratch = stored ? Mxfp4Bytes(num_experts * per_expert)
+                                   : num_experts * per_expert * static_cast<int64_t>(sizeof(float));
+    WeightSource* src = src_;
+    uploader_.Add(
+        src_->ShardOf(part.name), std::move(sizes), std::move(outs), scratch,
+        [src, part, shape, experts, per_expert, stored](const std::vector<char*>& dst) {
+          if (stored) {
+            auto t = src->ReadMxfp4(part.name, shape);
+            if (!t.ok()) return t.status();
+            if (!t->has_value()) {
+              return absl::InternalError(absl::StrCat(src->description(), ": '", part.name,
+                                                      "' is not the MXFP4 tensor its header "
+                                                      "describes"));
+            }
+            for (size_t i = 0; i < experts.size(); ++i) {
+              const int64_t e = experts[i];
+              std::memcpy(dst[2 * i], (*t)->packed.data() + e * per_expert / 2, per_expert / 2);
+              std::memcpy(dst[2 * i + 1], (*t)->scales.data() + e * per_expert / kMxfp4Block,
+                          per_expert / kMxfp4Block);
+            }
+            return absl::OkStatus();
+          }
+          std::vector<float> all(static_cast<size_t>(Elements(shape)));
+          if (absl::Status st = src->ReadFloat32(part.name, shape, all.data()); !st.ok()) {
+            return st;
+          }
+          for (size_t i = 0; i < experts.size(); ++i) {
+            absl::Status st =
+                QuantizeMxfp4(all.data() + experts[i] * per_expert, part.rows, part.cols,
+                              reinterpret_cast<uint8_t*>(dst[2 * i]),
+                              reinterpret_cast<uint8_t*>(dst[2 * i + 1]), part.name.c_str());
+            if (!st.ok()) return st;
+          }
+          return absl::OkStatus();
+        });
+  }
+  return absl::OkStatus();
 }
 
 void WeightLoader::LoadIndices(const std::string& name, const std::vector<int64_t>& shape,

@@ -74,11 +74,18 @@ class WeightLoader {
                        int64_t hidden, int64_t inter, MlpWeights* m);
   absl::Status LoadMlp(const std::string& prefix, int64_t hidden, int64_t inter, MlpWeights* m);
   // A routed expert in MXFP4 (LoadOptions::mxfp4_experts): [gate; up] [2 * inter, hidden] and
-  // down [hidden, inter], each packed e2m1 with its UE8M0 scales (MatrixBuffer::mx_scales),
-  // quantised on the host from the fp32 values (worker/model/mxfp4_quantize.h). INVALID_ARGUMENT
-  // for hidden or inter not a multiple of 32.
+  // down [hidden, inter], each packed e2m1 with its UE8M0 scales (MatrixBuffer::mx_scales): the
+  // checkpoint's bytes and scales as stored where it stores all three MXFP4
+  // (WeightSource::StoresMxfp4), else quantised on the host from the fp32 values
+  // (worker/model/mxfp4_quantize.h). INVALID_ARGUMENT for hidden or inter not a multiple of 32.
   absl::Status LoadMxfp4Mlp(const std::string& gate, const std::string& up, const std::string& down,
                             int64_t hidden, int64_t inter, MlpWeights* m);
+  // LoadFusedExperts' experts in MXFP4, as LoadMxfp4Mlp makes them: each fused tensor's bytes and
+  // scales sliced as stored where the source stores it MXFP4, else quantised from its values.
+  absl::Status LoadFusedMxfp4Experts(const std::string& gate_up, const std::string& down,
+                                     int64_t num_experts, int64_t hidden, int64_t inter,
+                                     const std::vector<int64_t>& experts,
+                                     std::map<int64_t, MlpWeights>* out);
   // Routed experts stored fused, HF's layout: gate_up [E, 2 * inter, hidden] and down
   // [E, hidden, inter]; experts[i] of them into (*out)[experts[i]] (each tensor read once).
   void LoadFusedExperts(const std::string& gate_up, const std::string& down, int64_t num_experts,

@@ -72,6 +72,22 @@ class WeightSource {
                                                            const std::vector<int64_t>& shape) {
     return std::nullopt;
   }
+  // A matrix, or a batch of them (fused experts [E, rows, cols]), stored as MXFP4 with UE8M0
+  // byte scales (F8_E8M0 or U8), as stored: packed e2m1 [..., rows, cols / 2] (low nibble the
+  // even column) and scales [..., rows, cols / 32], cols a multiple of 32 (the device layout of
+  // kernels/gemm/mxfp4_mma_gemm.h, so the bytes are kept as they are). nullopt where `name` is
+  // stored otherwise (the default: such sources only dequantise, through ReadFloat32). Errors as
+  // ReadFloat32's (a scale byte 0xFF, the E8M0 NaN, included). StoresMxfp4: whether
+  // ReadMxfp4(name, ...) returns a tensor, from the headers alone; false for absent tensors.
+  virtual bool StoresMxfp4(const std::string& name) { return false; }
+  struct Mxfp4Tensor {
+    std::vector<uint8_t> packed;
+    std::vector<uint8_t> scales;
+  };
+  virtual absl::StatusOr<std::optional<Mxfp4Tensor>> ReadMxfp4(const std::string& name,
+                                                               const std::vector<int64_t>& shape) {
+    return std::nullopt;
+  }
   // The file `name` is read from (its shard of a sharded checkpoint), so that loading can spread
   // the reads over the files; empty where there are no files.
   virtual std::string ShardOf(const std::string& name) const { return ""; }

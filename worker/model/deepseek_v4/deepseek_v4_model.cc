@@ -146,6 +146,7 @@ Architecture DeepseekV4Model::Entry() {
   Architecture a;
   a.name = "DeepseekV4ForCausalLM";
   a.model_types = {"deepseek_v4"};
+  a.keeps_mxfp4_experts = true;
   a.build = [](const ModelBuildArgs& args) -> absl::StatusOr<std::unique_ptr<CausalLm>> {
     auto v4 = DeepseekV4Config::FromModelConfig(*args.config);
     if (!v4.ok()) return v4.status();

@@ -1,6 +1,7 @@
 // DeepseekV4Model through the registry with `dummy:` weights of the fixtures' configs: it steps,
 // and bad input (a sequence continued without its state, a token outside the vocabulary, a
-// cache made for another model, more sequences than state slots) is refused with clear errors.
+// cache made for another model, more sequences than state slots, routed experts kept MXFP4 on a
+// backend that cannot run them) is refused with clear errors.
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -99,6 +100,29 @@ TEST(V4ModelLoadTest, MixConfigLoadsDummyWeights) {
   auto model = LoadModel("dummy:" + Config("dsv4_mix"), &backend);
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ((*model)->CacheSpec().groups.size(), 3u);  // sliding, HCA, CSA
+}
+
+// Routed experts kept MXFP4 run only through Backend::RoutedExperts, which the CPU backend does
+// not take for them: the step is refused with an error naming MXFP4, not run on the bytes.
+TEST(V4ModelMxfp4Test, CpuBackendRefusesMxfp4ExpertsByName) {
+  CpuBackend backend(2);
+  LoadOptions load;
+  load.mxfp4_experts = true;
+  auto model = LoadModel("dummy:" + Config("dsv4_bf16") + "@7", &backend, load);
+  ASSERT_TRUE(model.ok()) << model.status();
+  KvBlockPoolOptions o{(*model)->CacheSpec(), 32, 16};
+  o.max_sequences = 1;
+  auto pool = KvBlockPool::Create(&backend, o);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  SequenceStep s;
+  s.tokens = {3, 14, 15};
+  auto b = (*pool)->Allocate(1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  s.block_table = *b;
+  auto out = (*model)->Step({s}, pool->get());
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out.status().message(), HasSubstr("MXFP4"));
 }
 
 }  // namespace

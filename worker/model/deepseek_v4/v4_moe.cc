@@ -93,9 +93,19 @@ bool V4Moe::ExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const i
   a.down = static_cast<const void* const*>(t.down->data());
   a.gate_up_host = t.gate_up_host.data();
   a.down_host = t.down_host.data();
-  a.dtype = weights_->moe.matrix_dtype;
+  a.dtype = t.dtype;
   a.out = out;
   a.swiglu_limit = static_cast<float>(c.swiglu_limit);
+  if (a.mxfp4()) {
+    a.gate_up_mx_scales = static_cast<const uint8_t* const*>(t.gate_up_scales->data());
+    a.down_mx_scales = static_cast<const uint8_t* const*>(t.down_scales->data());
+    a.gate_up_scale_ld = t.gate_up_scale_ld;
+    a.down_scale_ld = t.down_scale_ld;
+    // The shared expert stays in the matrix dtype: not in `a`, added after the routed sum.
+    if (!backend_->RoutedExperts(a)) return false;
+    Mlp(shared, rows, h, out, /*accumulate=*/true, fused);
+    return true;
+  }
   a.shared_inter = shared.inter;
   a.shared_gate_up = weights_->Matrix(shared.gate_up).data;
   a.shared_down = weights_->Matrix(shared.down).data;
@@ -161,6 +171,15 @@ absl::Status V4Moe::Forward(int64_t layer, int64_t rows, const float* h, const i
         absl::StrCat("the backend cannot run the routed experts of ", rows,
                      " tokens on the device (Backend::RoutedExperts)"));
   }
+  for (const auto& [e, m] : L.experts) {
+    if (m.gate_up.mxfp4() || m.down.mxfp4()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DeepSeek-V4 MoE layer ", layer, ": routed expert ", e,
+          " is kept in MXFP4, which only Backend::RoutedExperts with one rank hosting every "
+          "expert runs (not the dispatcher's per-expert GEMMs); the backend did not run these ",
+          rows, " tokens so"));
+    }
+  }
   count();
   DispatchedTokens d;
   absl::Status st =
@@ -212,18 +231,36 @@ void V4Moe::BuildExpertTables() {
   std::vector<ExpertTables> tables(num_layers);
   for (int64_t l = 0; l < num_layers; ++l) {
     const LayerWeights& L = *layers_[l].weights;
-    std::vector<const void*> gate_up(E), down(E);
+    std::vector<const void*> gate_up(E), down(E), gate_up_scales(E), down_scales(E);
+    int64_t mx = 0;  // experts with both matrices MXFP4
     for (int64_t e = 0; e < E; ++e) {
       auto it = L.experts.find(e);
       if (it == L.experts.end() || it->second.gate_up.fp8() || it->second.down.fp8()) return;
-      gate_up[e] = it->second.gate_up->data();
-      down[e] = it->second.down->data();
+      const MlpWeights& m = it->second;
+      if (m.gate_up.mxfp4() != m.down.mxfp4()) return;
+      gate_up[e] = m.gate_up->data();
+      down[e] = m.down->data();
+      if (m.gate_up.mxfp4()) {
+        ++mx;
+        gate_up_scales[e] = m.gate_up.mx_scales->data();
+        down_scales[e] = m.down.mx_scales->data();
+      }
     }
-    if (L.shared.gate_up.fp8() || L.shared.down.fp8()) return;
-    tables[l].gate_up = Pointers(gate_up);
-    tables[l].down = Pointers(down);
-    tables[l].gate_up_host = std::move(gate_up);
-    tables[l].down_host = std::move(down);
+    if (L.shared.gate_up.fp8() || L.shared.down.fp8() || (mx != 0 && mx != E)) return;
+    ExpertTables& t = tables[l];
+    if (mx == E) {
+      t.dtype = WeightDType::kMxfp4E2M1;
+      t.gate_up_scales = Pointers(gate_up_scales);
+      t.down_scales = Pointers(down_scales);
+      t.gate_up_scale_ld = L.experts.at(0).gate_up.scale_ld;
+      t.down_scale_ld = L.experts.at(0).down.scale_ld;
+    } else {
+      t.dtype = weights_->moe.matrix_dtype;
+    }
+    t.gate_up = Pointers(gate_up);
+    t.down = Pointers(down);
+    t.gate_up_host = std::move(gate_up);
+    t.down_host = std::move(down);
   }
   std::vector<int32_t> slots(E);
   for (int64_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(e);
@@ -272,6 +309,14 @@ absl::Status V4Moe::SwitchPlacement(std::shared_ptr<const ExpertPlacement> place
                                                    " MoE layers, the model has ", layers));
   }
   for (int64_t l = 0; l < layers; ++l) {
+    for (const auto& [e, m] : layers_[l].weights->experts) {
+      if (m.gate_up.mxfp4() || m.down.mxfp4()) {
+        return absl::UnimplementedError(absl::StrCat(
+            "DeepSeek-V4 MoE layer ", l,
+            ": an expert placement change with routed experts kept "
+            "in MXFP4 (--dtype mxfp4) is not supported; experts are reloaded in the matrix dtype"));
+      }
+    }
     for (int64_t e : needed[l]) {
       if (!layers_[l].weights->experts.count(e) && !loaded[l].count(e)) {
         return absl::FailedPreconditionError(absl::StrCat(

@@ -6,7 +6,10 @@
 // Where one rank hosts every expert in bf16, the routed experts (and with fused ops the shared
 // one) run as one device op instead (Backend::RoutedExperts / RoutedAndSharedExperts with
 // RoutedExpertsArgs::swiglu_limit; the routing stays on the device, as V3's MoeBlock): no host
-// synchronisation, so the step can be recorded. Keeps the EPLB expert counts and switches
+// synchronisation, so the step can be recorded. Routed experts kept in MXFP4
+// (LoadOptions::mxfp4_experts) run only so (Backend::RoutedExperts, the shared expert after it):
+// a step the backend refuses them in, an expert-parallel dispatcher and an EPLB placement switch
+// are FAILED_PRECONDITION / UNIMPLEMENTED naming MXFP4. Keeps the EPLB expert counts and switches
 // placements (MoE layer = index in `layers`: the model's layers, or an MTP module's block, which
 // the model runs as a V4Moe of its own).
 #ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_V4_MOE_H_
@@ -79,7 +82,8 @@ class V4Moe {
   bool ExpertsOnDevice(int64_t layer, int64_t rows, const float* h, const int32_t* topk_ids,
                        const float* topk_w, float* out, bool fused);
   // Device tables of every layer's experts for Backend::RoutedExperts (expert e in slot e),
-  // where one rank hosts every expert in bf16; else none. Rebuilt after a placement switch.
+  // where one rank hosts every expert in bf16 or MXFP4 (LoadOptions::mxfp4_experts); else none.
+  // Rebuilt after a placement switch.
   void BuildExpertTables();
   std::unique_ptr<DeviceBuffer> Pointers(const std::vector<const void*>& host);
   std::unique_ptr<DeviceBuffer> Floats(int64_t n) {
@@ -96,6 +100,11 @@ class V4Moe {
   struct ExpertTables {
     std::unique_ptr<DeviceBuffer> gate_up, down;       // device [E] pointers
     std::vector<const void*> gate_up_host, down_host;  // the same, on the host
+    // The experts' storage: the matrix dtype, or kMxfp4E2M1 with device [E] pointers to each
+    // expert's UE8M0 scales and the scale rows' strides (the same for every expert).
+    WeightDType dtype = WeightDType::kBFloat16;
+    std::unique_ptr<DeviceBuffer> gate_up_scales, down_scales;
+    int64_t gate_up_scale_ld = 0, down_scale_ld = 0;
   };
   std::unique_ptr<DeviceBuffer> expert_slots_;  // device [E]: slot e holds expert e
   std::vector<ExpertTables> tables_;            // per layer; empty: not on the device

@@ -7,9 +7,11 @@
 // built through the registry keeps them and drafts with them.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -113,9 +115,11 @@ class V4MtpTest : public ::testing::Test {
   }
 
   // A checkpoint of every recorded tensor, MTP ones as the release stores them; `skip` is left
-  // out, `misshape` written one element longer in its last dimension.
+  // out, `misshape` written one element longer in its last dimension. With
+  // `mxfp4_model_experts`, the model's fused experts ([E, rows, cols]) are MXFP4 too, packed
+  // bytes and UE8M0 scales (`<name>_scale`) from MxBytes.
   std::string WriteCheckpoint(const std::string& name, const std::string& skip = "",
-                              const std::string& misshape = "") {
+                              const std::string& misshape = "", bool mxfp4_model_experts = false) {
     const std::string dir = TmpDir(name);
     const int64_t H = config_.hidden_size;
     SafetensorsWriter w;
@@ -128,6 +132,7 @@ class V4MtpTest : public ::testing::Test {
         shape.back() += 1;
       }
       const bool expert = tensor.find(".ffn.experts.") != std::string::npos;
+      const bool fused = tensor.find(".mlp.experts.") != std::string::npos;
       if (tensor == "mtp.0.e_proj.weight" && tensor != misshape) {
         // FP8 E4M3, one 128 x 128 block scale (UE8M0 bytes) under the release's name.
         std::vector<uint8_t> bytes(H * H, kFp8One);
@@ -142,6 +147,12 @@ class V4MtpTest : public ::testing::Test {
         w.Add(tensor, DType::kU8, {rows, cols / 2}, packed);
         w.Add(tensor.substr(0, tensor.size() - 6) + "scale", DType::kU8, {rows, cols / 32},
               std::vector<uint8_t>(rows * cols / 32, kScale2));
+      } else if (fused && mxfp4_model_experts) {
+        const int64_t n = static_cast<int64_t>(values.size());
+        w.Add(tensor, DType::kU8, {shape[0], shape[1], shape[2] / 2},
+              MxBytes(tensor, n / 2, false));
+        w.Add(tensor + "_scale", DType::kU8, {shape[0], shape[1], shape[2] / 32},
+              MxBytes(tensor, n / 32, true));
       } else {
         w.AddFloat32(tensor, shape, values);
       }
@@ -153,6 +164,18 @@ class V4MtpTest : public ::testing::Test {
     }
     EXPECT_TRUE(w.Write(dir + "/model.safetensors").ok());
     return dir;
+  }
+
+  // Bytes of the model's MXFP4 expert tensor `tensor`: n packed e2m1 bytes (every code, varied
+  // by the tensor's name) or n UE8M0 scales, 2^-6 .. 2^5.
+  static std::vector<uint8_t> MxBytes(const std::string& tensor, int64_t n, bool scales) {
+    const uint8_t salt = static_cast<uint8_t>(std::hash<std::string>()(tensor));
+    std::vector<uint8_t> b(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t x = static_cast<uint8_t>(i * 37 + salt);
+      b[i] = scales ? static_cast<uint8_t>(121 + x % 12) : x;
+    }
+    return b;
   }
 
   CpuBackend backend_{2};
@@ -254,6 +277,69 @@ TEST_F(V4MtpTest, LoadsAndKeepsTheModule) {
   EXPECT_EQ(static_cast<int64_t>((*partial)->mtp[0].moe.experts.size()), E);
   EXPECT_EQ((*partial)->moe.device_bytes,
             DeepseekV4Weights::DeviceBytes(config_, WeightDType::kFloat32, some));
+}
+
+// --dtype mxfp4 on a checkpoint whose routed experts are MXFP4 (the model's fused
+// [E, 2I, H / 2] tensors and the MTP module's per-expert w1 / w3 / w2 with `.scale`): every
+// expert keeps the stored bytes and scales as they are (a dequantise / requantise round trip
+// would rewrite them: 0x21 x 2^1 = (1.0, 2.0) requantises to 0x64 x 2^-1), stacked [gate; up];
+// the shared experts and the rest stay in the matrix dtype; DeviceBytes counts what was made.
+TEST_F(V4MtpTest, Mxfp4ExpertsKeepTheCheckpointsBytes) {
+  const int64_t H = config_.hidden_size, I = config_.moe_intermediate_size;
+  const int64_t E = config_.n_routed_experts;
+  const std::string dir = WriteCheckpoint("mtp_mxfp4", "", "", /*mxfp4_model_experts=*/true);
+  auto ck = SafetensorsCheckpoint::Open(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  const std::string gu0 = "model.layers.0.mlp.experts.gate_up_proj";
+  EXPECT_TRUE((*ck)->StoresMxfp4(gu0));
+  EXPECT_TRUE((*ck)->StoresMxfp4("mtp.0.ffn.experts.3.w1.weight"));
+  EXPECT_FALSE((*ck)->StoresMxfp4("mtp.0.e_proj.weight"));  // FP8
+  EXPECT_FALSE((*ck)->StoresMxfp4("model.layers.0.mlp.shared_experts.down_proj.weight"));
+  LoadOptions options;
+  options.mxfp4_experts = true;
+  auto w = DeepseekV4Weights::Load(config_, ck->get(), &backend_, options);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto bytes = [&](const DeviceBuffer& b) {
+    std::vector<uint8_t> v(b.size_bytes());
+    backend_.CopyToHost(b.data(), v.size(), v.data());
+    return v;
+  };
+  auto slice = [](const std::vector<uint8_t>& all, int64_t e, int64_t n) {
+    return std::vector<uint8_t>(all.begin() + e * n, all.begin() + (e + 1) * n);
+  };
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    SCOPED_TRACE(absl::StrCat("layer ", l));
+    const std::string m = absl::StrCat("model.layers.", l, ".mlp.experts.");
+    const std::vector<uint8_t> gu = MxBytes(m + "gate_up_proj", E * 2 * I * H / 2, false);
+    const std::vector<uint8_t> gu_s = MxBytes(m + "gate_up_proj", E * 2 * I * H / 32, true);
+    const std::vector<uint8_t> dn = MxBytes(m + "down_proj", E * H * I / 2, false);
+    const std::vector<uint8_t> dn_s = MxBytes(m + "down_proj", E * H * I / 32, true);
+    const LayerWeights& L = (*w)->moe.layers[l];
+    ASSERT_EQ(static_cast<int64_t>(L.experts.size()), E);
+    for (const auto& [e, x] : L.experts) {
+      ASSERT_TRUE(x.gate_up.mxfp4() && x.down.mxfp4()) << e;
+      EXPECT_EQ(x.gate_up.scale_ld, H / 32);
+      EXPECT_EQ(x.down.scale_ld, I / 32);
+      EXPECT_EQ(bytes(*x.gate_up.data), slice(gu, e, 2 * I * H / 2)) << e;
+      EXPECT_EQ(bytes(*x.gate_up.mx_scales), slice(gu_s, e, 2 * I * H / 32)) << e;
+      EXPECT_EQ(bytes(*x.down.data), slice(dn, e, H * I / 2)) << e;
+      EXPECT_EQ(bytes(*x.down.mx_scales), slice(dn_s, e, H * I / 32)) << e;
+    }
+    EXPECT_FALSE(L.shared.gate_up.mxfp4());
+    EXPECT_EQ(L.shared.gate_up->size_bytes(), static_cast<size_t>(2 * I * H * 4));
+  }
+  // The MTP module's experts: 0x21 everywhere, expert 3's up rows 0x73; scales 2^1.
+  const MlpWeights& x = (*w)->mtp[0].moe.experts.at(3);
+  ASSERT_TRUE(x.gate_up.mxfp4() && x.down.mxfp4());
+  std::vector<uint8_t> want(2 * I * H / 2, 0x21);
+  std::fill(want.begin() + I * H / 2, want.end(), 0x73);
+  EXPECT_EQ(bytes(*x.gate_up.data), want);
+  EXPECT_EQ(bytes(*x.gate_up.mx_scales), std::vector<uint8_t>(2 * I * H / 32, kScale2));
+  EXPECT_EQ(bytes(*x.down.data), std::vector<uint8_t>(H * I / 2, 0x21));
+  EXPECT_EQ((*w)->moe.device_bytes,
+            DeepseekV4Weights::DeviceBytes(config_, WeightDType::kFloat32, options));
+  EXPECT_LT((*w)->moe.device_bytes,
+            DeepseekV4Weights::DeviceBytes(config_, WeightDType::kFloat32, LoadOptions()));
 }
 
 TEST_F(V4MtpTest, MissingOrMisshapedTensorIsNamed) {

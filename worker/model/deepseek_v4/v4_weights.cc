@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/model/mxfp4_quantize.h"
 #include "worker/model/weight_loader.h"
 
 namespace deepinfer {
@@ -20,7 +21,8 @@ namespace {
 
 // The V4 loader: WeightLoader's tensors (generated ones made in place by the backend, checkpoint
 // ones read and uploaded on LoadOptions::load_threads threads at Finish()) under V4's names.
-// Every matrix is dequantised: V4 keeps none FP8.
+// Every matrix is dequantised (V4 keeps none FP8) except the routed experts with
+// LoadOptions::mxfp4_experts, which stay MXFP4.
 class Loader : public WeightLoader {
  public:
   Loader(WeightSource* src, Backend* be, const LoadOptions& options)
@@ -154,20 +156,27 @@ absl::Status LoadHc(Loader& ld, const std::string& p, const char* fn, const char
   return ld.Load(p + scale, {scales}, &w->scale);
 }
 
-// Routed experts of layer `l` whose ids `experts` lists, gate and up stacked [2I, H].
+// Routed experts of layer `l` whose ids `experts` lists, gate and up stacked [2I, H]; MXFP4 with
+// `mxfp4` (LoadOptions::mxfp4_experts).
 absl::Status LoadExperts(Loader& ld, const DeepseekV4Config& c, int64_t l,
-                         const std::vector<int64_t>& experts, std::map<int64_t, MlpWeights>* out) {
+                         const std::vector<int64_t>& experts, bool mxfp4,
+                         std::map<int64_t, MlpWeights>* out) {
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.n_routed_experts;
   const std::string m = absl::StrCat("model.layers.", l, ".mlp.experts.");
   const bool fused =
       !ld.Generated(m + "gate_up_proj", {E, 2 * I, H}) && ld.source()->Contains(m + "gate_up_proj");
+  if (fused && mxfp4) {
+    return ld.LoadFusedMxfp4Experts(m + "gate_up_proj", m + "down_proj", E, H, I, experts, out);
+  }
   if (fused) {
     ld.LoadFusedExperts(m + "gate_up_proj", m + "down_proj", E, H, I, experts, out);
     return absl::OkStatus();
   }
   for (int64_t e : experts) {
     const std::string p = absl::StrCat(m, e, ".");
-    V4W_RETURN_IF_ERROR(ld.LoadMlp(p, H, I, &(*out)[e]));
+    V4W_RETURN_IF_ERROR(mxfp4 ? ld.LoadMxfp4Mlp(p + "gate_proj.weight", p + "up_proj.weight",
+                                                p + "down_proj.weight", H, I, &(*out)[e])
+                              : ld.LoadMlp(p, H, I, &(*out)[e]));
   }
   return absl::OkStatus();
 }
@@ -190,7 +199,8 @@ absl::Status LoadMlp(Loader& ld, const std::string& p, const char* gate_name, co
 // hyper-connection sites (hc_attn_*, hc_ffn_*), attention (attn.*), MoE (ffn.gate.weight /
 // .bias, ffn.shared_experts.w1 / w3 / w2, ffn.experts.E.w1 / w3 / w2: gate / up / down), then
 // e_proj, h_proj, enorm, hnorm, norm and hc_head_{fn,base,scale}.
-absl::Status LoadMtp(Loader& ld, const DeepseekV4Config& c, int64_t i, V4MtpWeights* w) {
+absl::Status LoadMtp(Loader& ld, const DeepseekV4Config& c, int64_t i, bool mxfp4,
+                     V4MtpWeights* w) {
   const int64_t H = c.hidden_size, hc = c.hc_mult, E = c.n_routed_experts;
   const int64_t I = c.moe_intermediate_size;
   const std::string p = absl::StrCat("mtp.", i, ".");
@@ -211,8 +221,11 @@ absl::Status LoadMtp(Loader& ld, const DeepseekV4Config& c, int64_t i, V4MtpWeig
   V4W_RETURN_IF_ERROR(
       LoadMlp(ld, m + "shared_experts.", "w1.weight", "w3.weight", "w2.weight", H, I, &M.shared));
   for (int64_t e = 0; e < E; ++e) {
-    V4W_RETURN_IF_ERROR(LoadMlp(ld, absl::StrCat(m, "experts.", e, "."), "w1.weight", "w3.weight",
-                                "w2.weight", H, I, &M.experts[e]));
+    const std::string x = absl::StrCat(m, "experts.", e, ".");
+    V4W_RETURN_IF_ERROR(
+        mxfp4 ? ld.LoadMxfp4Mlp(x + "w1.weight", x + "w3.weight", x + "w2.weight", H, I,
+                                &M.experts[e])
+              : LoadMlp(ld, x, "w1.weight", "w3.weight", "w2.weight", H, I, &M.experts[e]));
   }
   V4W_RETURN_IF_ERROR(ld.Matrix(p + "e_proj.weight", {H, H}, &w->e_proj));
   V4W_RETURN_IF_ERROR(ld.Matrix(p + "h_proj.weight", {H, H}, &w->h_proj));
@@ -262,14 +275,15 @@ absl::StatusOr<std::unique_ptr<DeepseekV4Weights>> DeepseekV4Weights::Load(
     }
     V4W_RETURN_IF_ERROR(LoadMlp(ld, m + "shared_experts.", "gate_proj.weight", "up_proj.weight",
                                 "down_proj.weight", H, I, &M.shared));
-    V4W_RETURN_IF_ERROR(LoadExperts(ld, c, l, HostedExperts(c, options, l), &M.experts));
+    V4W_RETURN_IF_ERROR(
+        LoadExperts(ld, c, l, HostedExperts(c, options, l), options.mxfp4_experts, &M.experts));
   }
   // The model's checkpoint tensors, then each MTP module's, so that an error of a module's says
   // which.
   V4W_RETURN_IF_ERROR(ld.Finish());
   w->mtp.resize(c.num_draft_layers);
   for (int64_t i = 0; i < c.num_draft_layers; ++i) {
-    absl::Status st = LoadMtp(ld, c, i, &w->mtp[i]);
+    absl::Status st = LoadMtp(ld, c, i, options.mxfp4_experts, &w->mtp[i]);
     if (st.ok()) st = ld.Finish();
     if (!st.ok()) {
       return absl::Status(
@@ -290,15 +304,17 @@ int64_t DeepseekV4Weights::DeviceBytes(const DeepseekV4Config& c, WeightDType ma
   // A block's norms and hyper-connection sites, router and shared expert.
   const int64_t block = 2 * H * f + 2 * (c.hc_mix() * (hc * H + 1) + 3) * f;
   const int64_t moe = E * H * f + 3 * I * H * m;
+  // A routed expert: in the matrix dtype, or MXFP4 (LoadOptions::mxfp4_experts).
+  const int64_t expert = options.mxfp4_experts ? Mxfp4Bytes(3 * I * H) : 3 * I * H * m;
   int64_t bytes = V * H * f + H * f + V * H * m + (hc * hc * H + hc + 1) * f;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     bytes += block + AttentionBytes(c, c.attention[l], c.compress_rate[l], m) + moe;
     bytes += c.hash_moe[l] ? V * K * 4 : E * f;
-    bytes += static_cast<int64_t>(HostedExperts(c, options, l).size()) * 3 * I * H * m;
+    bytes += static_cast<int64_t>(HostedExperts(c, options, l).size()) * expert;
   }
   for (int64_t i = 0; i < c.num_draft_layers; ++i) {
     bytes += block + AttentionBytes(c, c.mtp_attention[i], c.mtp_compress_rate[i], m) + moe;
-    bytes += E * f + E * 3 * I * H * m;                               // bias, every routed expert
+    bytes += E * f + E * expert;                                      // bias, every routed expert
     bytes += 2 * H * H * m + 3 * H * f + (hc * hc * H + hc + 1) * f;  // e/h_proj, norms, hc head
   }
   return bytes;

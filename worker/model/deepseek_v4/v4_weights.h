@@ -8,7 +8,10 @@
 // are read from HF's fused `mlp.experts.gate_up_proj` / `down_proj` ([E, 2I, H] / [E, H, I]) or per
 // expert
 // (`mlp.experts.E.{gate,up,down}_proj.weight`), whichever the checkpoint has; an EPLB placement
-// change reads experts again through ModelWeights::ReadRoutedExperts, which takes both.
+// change reads experts again through ModelWeights::ReadRoutedExperts, which takes both. With
+// LoadOptions::mxfp4_experts the routed experts (the MTP modules' too) are MXFP4 on the device
+// (MatrixBuffer::mx_scales): a checkpoint's MXFP4 bytes and scales as stored, other storage (the
+// dummy format among them) quantised on the host (WeightLoader::LoadMxfp4Mlp).
 #ifndef DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_V4_WEIGHTS_H_
 #define DEEPINFER_WORKER_MODEL_DEEPSEEK_V4_V4_WEIGHTS_H_
 
@@ -80,7 +83,8 @@ struct DeepseekV4Weights {
   WeightView Matrix(const std::unique_ptr<DeviceBuffer>& buf) const {
     return WeightView(buf->data(), moe.matrix_dtype);
   }
-  // The MLPs' matrices (ModelWeights::Matrix; V4 loads every matrix dequantised, never FP8).
+  // The MLPs' matrices (ModelWeights::Matrix; V4 loads every matrix dequantised, never FP8, the
+  // routed experts MXFP4 with LoadOptions::mxfp4_experts).
   WeightView Matrix(const MatrixBuffer& m) const { return moe.Matrix(m); }
 
   std::unique_ptr<DeviceBuffer> embed;  // fp32 [vocab, H]

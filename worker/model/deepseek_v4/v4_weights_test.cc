@@ -19,6 +19,7 @@
 #include "worker/model/deepseek_v4/v4_config.h"
 #include "worker/model/dummy_weight_source.h"
 #include "worker/model/model_loader.h"
+#include "worker/model/mxfp4_quantize.h"
 
 namespace deepinfer {
 namespace {
@@ -224,6 +225,112 @@ TEST(V4WeightsTest, ParallelLoadGivesTheBytesOfASerialOne) {
       EXPECT_LT((*some_serial)->moe.device_bytes, (*serial)->moe.device_bytes);
     }
   }
+}
+
+// --dtype mxfp4 with the dummy format: every routed expert (hash-routed layers' too) MXFP4,
+// [gate; up] packed [2I, H / 2] with UE8M0 scales [2I, H / 32], down [H, I / 2] and [H, I / 32],
+// quantised on the host from the host generator's values (QuantizeMxfp4 of gate_proj / up_proj /
+// down_proj); the shared experts and the rest in the backend's dtype; DeviceBytes counts it.
+TEST(V4WeightsTest, Mxfp4DummyExpertsAreTheHostQuantisedValues) {
+  for (const std::string fixture : {"dsv4_bf16", "dsv4_mix"}) {
+    SCOPED_TRACE(fixture);
+    const DeepseekV4Config c = ConfigOf(fixture);
+    ASSERT_GT(c.num_layers, 0);
+    const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+    CpuBackend be(2, WeightDType::kBFloat16);
+    DummyWeightSource dummy(7);
+    LoadOptions options;
+    options.mxfp4_experts = true;
+    auto w = DeepseekV4Weights::Load(c, &dummy, &be, options);
+    ASSERT_TRUE(w.ok()) << w.status();
+    auto bytes = [&](const DeviceBuffer& b) {
+      std::vector<uint8_t> v(b.size_bytes());
+      be.CopyToHost(b.data(), v.size(), v.data());
+      return v;
+    };
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const LayerWeights& L = (*w)->moe.layers[l];
+      ASSERT_EQ(static_cast<int64_t>(L.experts.size()), c.n_routed_experts);
+      for (const auto& [e, m] : L.experts) {
+        SCOPED_TRACE(absl::StrCat("layer ", l, " expert ", e));
+        ASSERT_TRUE(m.gate_up.mxfp4() && m.down.mxfp4());
+        EXPECT_EQ(m.inter, I);
+        EXPECT_EQ(m.gate_up->size_bytes(), static_cast<size_t>(2 * I * H / 2));
+        EXPECT_EQ(m.gate_up.mx_scales->size_bytes(), static_cast<size_t>(2 * I * H / 32));
+        EXPECT_EQ(m.down->size_bytes(), static_cast<size_t>(H * I / 2));
+        EXPECT_EQ(m.down.mx_scales->size_bytes(), static_cast<size_t>(H * I / 32));
+        EXPECT_EQ(m.gate_up.scale_ld, H / 32);
+        EXPECT_EQ(m.down.scale_ld, I / 32);
+        if (e % 5 != 1) continue;  // the values of a few experts a layer
+        const std::string p = absl::StrCat("model.layers.", l, ".mlp.experts.", e, ".");
+        std::vector<float> gu(2 * I * H), dn(H * I);
+        ASSERT_TRUE(dummy.ReadFloat32(p + "gate_proj.weight", {I, H}, gu.data()).ok());
+        ASSERT_TRUE(dummy.ReadFloat32(p + "up_proj.weight", {I, H}, gu.data() + I * H).ok());
+        ASSERT_TRUE(dummy.ReadFloat32(p + "down_proj.weight", {H, I}, dn.data()).ok());
+        std::vector<uint8_t> packed(2 * I * H / 2), scales(2 * I * H / 32);
+        ASSERT_TRUE(QuantizeMxfp4(gu.data(), 2 * I, H, packed.data(), scales.data(), "gu").ok());
+        EXPECT_EQ(bytes(*m.gate_up.data), packed);
+        EXPECT_EQ(bytes(*m.gate_up.mx_scales), scales);
+        packed.resize(H * I / 2);
+        scales.resize(H * I / 32);
+        ASSERT_TRUE(QuantizeMxfp4(dn.data(), H, I, packed.data(), scales.data(), "dn").ok());
+        EXPECT_EQ(bytes(*m.down.data), packed);
+        EXPECT_EQ(bytes(*m.down.mx_scales), scales);
+      }
+      EXPECT_FALSE(L.shared.gate_up.mxfp4());
+      EXPECT_EQ(L.shared.gate_up->size_bytes(), static_cast<size_t>(2 * I * H * 2));
+    }
+    EXPECT_EQ((*w)->moe.device_bytes,
+              DeepseekV4Weights::DeviceBytes(c, WeightDType::kBFloat16, options));
+    EXPECT_LT((*w)->moe.device_bytes,
+              DeepseekV4Weights::DeviceBytes(c, WeightDType::kBFloat16, LoadOptions()));
+  }
+}
+
+// dsv4_mix stores its routed experts MXFP4 as a V4 release does (U8 e2m1 pairs, U8 UE8M0 scales):
+// with mxfp4_experts every expert holds the stored bytes and scales, [gate; up] stacked.
+TEST(V4WeightsTest, Mxfp4CheckpointExpertsAreKeptAsStored) {
+  ModelConfig model;
+  auto source = OpenWeightSource(Fixture("dsv4_mix"), &model);
+  ASSERT_TRUE(source.ok()) << source.status();
+  auto c = DeepseekV4Config::FromModelConfig(model);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const int64_t H = c->hidden_size, I = c->moe_intermediate_size;
+  CpuBackend be(2, WeightDType::kBFloat16);
+  LoadOptions options;
+  options.mxfp4_experts = true;
+  auto w = DeepseekV4Weights::Load(*c, source->get(), &be, options);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto bytes = [&](const DeviceBuffer& b) {
+    std::vector<uint8_t> v(b.size_bytes());
+    be.CopyToHost(b.data(), v.size(), v.data());
+    return v;
+  };
+  int checked = 0;
+  for (int64_t l = 0; l < c->num_layers; ++l) {
+    for (const auto& [e, m] : (*w)->moe.layers[l].experts) {
+      SCOPED_TRACE(absl::StrCat("layer ", l, " expert ", e));
+      const std::string p = absl::StrCat("model.layers.", l, ".mlp.experts.", e, ".");
+      ASSERT_TRUE((*source)->StoresMxfp4(p + "gate_proj.weight"));
+      auto gate = (*source)->ReadMxfp4(p + "gate_proj.weight", {I, H});
+      auto up = (*source)->ReadMxfp4(p + "up_proj.weight", {I, H});
+      auto down = (*source)->ReadMxfp4(p + "down_proj.weight", {H, I});
+      ASSERT_TRUE(gate.ok() && up.ok() && down.ok());
+      ASSERT_TRUE(gate->has_value() && up->has_value() && down->has_value());
+      std::vector<uint8_t> packed = (*gate)->packed, scales = (*gate)->scales;
+      packed.insert(packed.end(), (*up)->packed.begin(), (*up)->packed.end());
+      scales.insert(scales.end(), (*up)->scales.begin(), (*up)->scales.end());
+      ASSERT_TRUE(m.gate_up.mxfp4() && m.down.mxfp4());
+      EXPECT_EQ(bytes(*m.gate_up.data), packed);
+      EXPECT_EQ(bytes(*m.gate_up.mx_scales), scales);
+      EXPECT_EQ(bytes(*m.down.data), (*down)->packed);
+      EXPECT_EQ(bytes(*m.down.mx_scales), (*down)->scales);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, c->num_layers * c->n_routed_experts);
+  EXPECT_EQ((*w)->moe.device_bytes,
+            DeepseekV4Weights::DeviceBytes(*c, WeightDType::kBFloat16, options));
 }
 
 }  // namespace
