@@ -115,36 +115,6 @@ class Mxfp4ExpertValuesSource : public WeightSource {
   WeightSource* inner_;
 };
 
-struct Errors {
-  double median = 0, p90 = 0, max = 0;
-  int64_t argmax_match = 0, rows = 0;
-};
-
-Errors RowErrors(const std::vector<float>& got, const std::vector<float>& want, int64_t vocab) {
-  Errors e;
-  e.rows = static_cast<int64_t>(want.size()) / vocab;
-  std::vector<double> rel(e.rows);
-  for (int64_t t = 0; t < e.rows; ++t) {
-    const float* g = got.data() + t * vocab;
-    const float* c = want.data() + t * vocab;
-    double err = 0, scale = 0;
-    for (int64_t v = 0; v < vocab; ++v) {
-      EXPECT_TRUE(std::isfinite(g[v])) << "row " << t << " logit " << v;
-      err = std::max(err, std::abs(static_cast<double>(g[v]) - c[v]));
-      scale = std::max(scale, std::abs(static_cast<double>(c[v])));
-    }
-    rel[t] = scale > 0 ? err / scale : err;
-    e.argmax_match += ArgmaxRow(g, vocab) == ArgmaxRow(c, vocab);
-  }
-  std::sort(rel.begin(), rel.end());
-  if (e.rows > 0) {
-    e.median = rel[e.rows / 2];
-    e.p90 = rel[e.rows * 9 / 10];
-    e.max = rel.back();
-  }
-  return e;
-}
-
 class CudaV4Mxfp4Test : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaV4Mxfp4Test, LogitsMatchTheCpuOnTheSameMxfp4Experts) {
@@ -212,9 +182,12 @@ TEST_P(CudaV4Mxfp4Test, LogitsMatchTheCpuOnTheSameMxfp4Experts) {
   ASSERT_EQ(bf16->size(), want->size());
 
   const int64_t vocab = config.vocab_size;
-  const Errors gpu_err = RowErrors(*got, *want, vocab), cpu_err = RowErrors(*bf16, *want, vocab);
-  for (const auto& [name, e] : {std::pair<const char*, Errors>{"cuda mxfp4", gpu_err},
-                                std::pair<const char*, Errors>{"cpu bf16", cpu_err}}) {
+  const LogitRowErrors gpu_err = RowErrors(*got, *want, vocab),
+                       cpu_err = RowErrors(*bf16, *want, vocab);
+  EXPECT_EQ(gpu_err.nonfinite, 0);
+  EXPECT_EQ(cpu_err.nonfinite, 0);
+  for (const auto& [name, e] : {std::pair<const char*, LogitRowErrors>{"cuda mxfp4", gpu_err},
+                                std::pair<const char*, LogitRowErrors>{"cpu bf16", cpu_err}}) {
     std::printf(
         "[v4-mxfp4] %s %s, %lld rows, against the CPU in fp32 on the same MXFP4 experts: rows' "
         "rel error median %.3e, p90 %.3e, max %.3e; argmax equal on %lld rows\n",

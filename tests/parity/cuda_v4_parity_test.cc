@@ -243,34 +243,13 @@ TEST(CudaV4Bf16PrefillTest, BigHeadsPrefillMatchesTheCpuBackend) {
   ASSERT_EQ(bf16->size(), want->size());
   const int64_t vocab = static_cast<int64_t>(want->size()) / kTokens;
   ASSERT_EQ(vocab * kTokens, static_cast<int64_t>(want->size()));
-  struct Errors {
-    double median = 0, p90 = 0, max = 0;
-    int64_t argmax_match = 0;
-  };
-  auto errors = [&](const std::vector<float>& run_logits) {
-    std::vector<double> rel(kTokens);
-    Errors e;
-    for (int64_t t = 0; t < kTokens; ++t) {
-      const float* g = run_logits.data() + t * vocab;
-      const float* c = want->data() + t * vocab;
-      double err = 0, scale = 0;
-      for (int64_t v = 0; v < vocab; ++v) {
-        EXPECT_TRUE(std::isfinite(g[v])) << "row " << t << " logit " << v;
-        err = std::max(err, std::abs(static_cast<double>(g[v]) - c[v]));
-        scale = std::max(scale, std::abs(static_cast<double>(c[v])));
-      }
-      rel[t] = scale > 0 ? err / scale : err;
-      e.argmax_match += ArgmaxRow(g, vocab) == ArgmaxRow(c, vocab);
-    }
-    std::sort(rel.begin(), rel.end());
-    e.median = rel[kTokens / 2];
-    e.p90 = rel[kTokens * 9 / 10];
-    e.max = rel.back();
-    return e;
-  };
-  const Errors gpu_err = errors(*got), cpu_err = errors(*bf16);
-  for (const auto& [name, e] : {std::pair<const char*, Errors>{"cuda bf16", gpu_err},
-                                std::pair<const char*, Errors>{"cpu bf16", cpu_err}}) {
+  const LogitRowErrors gpu_err = RowErrors(*got, *want, vocab),
+                       cpu_err = RowErrors(*bf16, *want, vocab);
+  EXPECT_EQ(gpu_err.nonfinite, 0);
+  EXPECT_EQ(cpu_err.nonfinite, 0);
+  EXPECT_EQ(gpu_err.rows, kTokens);
+  for (const auto& [name, e] : {std::pair<const char*, LogitRowErrors>{"cuda bf16", gpu_err},
+                                std::pair<const char*, LogitRowErrors>{"cpu bf16", cpu_err}}) {
     std::printf(
         "[bf16-prefill] %s, heads of 512, %lld tokens, against the CPU in fp32: rows' rel error "
         "median %.3e, p90 %.3e, max %.3e; argmax equal on %lld rows\n",

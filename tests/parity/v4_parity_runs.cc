@@ -57,4 +57,30 @@ int32_t ArgmaxRow(const float* row, int64_t n) {
   return static_cast<int32_t>(std::max_element(row, row + n) - row);
 }
 
+LogitRowErrors RowErrors(const std::vector<float>& got, const std::vector<float>& want,
+                         int64_t vocab) {
+  LogitRowErrors e;
+  e.rows = static_cast<int64_t>(std::min(got.size(), want.size())) / vocab;
+  std::vector<double> rel(e.rows);
+  for (int64_t t = 0; t < e.rows; ++t) {
+    const float* g = got.data() + t * vocab;
+    const float* c = want.data() + t * vocab;
+    double err = 0, scale = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      e.nonfinite += !std::isfinite(g[v]);
+      err = std::max(err, std::abs(static_cast<double>(g[v]) - c[v]));
+      scale = std::max(scale, std::abs(static_cast<double>(c[v])));
+    }
+    rel[t] = scale > 0 ? err / scale : err;
+    e.argmax_match += ArgmaxRow(g, vocab) == ArgmaxRow(c, vocab);
+  }
+  std::sort(rel.begin(), rel.end());
+  if (e.rows > 0) {
+    e.median = rel[e.rows / 2];
+    e.p90 = rel[e.rows * 9 / 10];
+    e.max = rel.back();
+  }
+  return e;
+}
+
 }  // namespace deepinfer

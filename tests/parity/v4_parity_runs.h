@@ -31,6 +31,16 @@ std::vector<double> CoveredRowErrors(const Fixture& fx, const FixturePrompt& p,
 // The lowest index of the largest of n values.
 int32_t ArgmaxRow(const float* row, int64_t n);
 
+// `got` against `want`, rows of `vocab` logits: each row's max |got - want| / max |want| (its
+// median, 90th percentile and max over the rows), the rows whose argmax agree, and the non-finite
+// values of `got`.
+struct LogitRowErrors {
+  double median = 0, p90 = 0, max = 0;
+  int64_t rows = 0, argmax_match = 0, nonfinite = 0;
+};
+LogitRowErrors RowErrors(const std::vector<float>& got, const std::vector<float>& want,
+                         int64_t vocab);
+
 }  // namespace deepinfer
 
 #endif  // DEEPINFER_TESTS_PARITY_V4_PARITY_RUNS_H_

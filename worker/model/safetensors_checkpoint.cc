@@ -346,6 +346,22 @@ absl::Status SafetensorsCheckpoint::ReadFloat32(const std::string& name,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<WeightStorage>> SafetensorsCheckpoint::KeptStorage(
+    const std::string& name, const std::vector<int64_t>& shape,
+    bool (*keepable)(const WeightStorage&), const char* kind, const SafetensorsTensor** weight,
+    const SafetensorsTensor** scale) {
+  std::string file;
+  absl::StatusOr<WeightStorage> s = Describe(name, weight, scale, &file);
+  if (!s.ok()) return s.status();
+  if (!keepable(*s)) return std::nullopt;
+  if (s->shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": ", kind, " tensor '", name,
+                                                   "' has shape [", absl::StrJoin(s->shape, ","),
+                                                   "], expected [", absl::StrJoin(shape, ","), "]"));
+  }
+  return std::optional<WeightStorage>(*std::move(s));
+}
+
 bool SafetensorsCheckpoint::StoresFp8(const std::string& name) {
   absl::StatusOr<WeightStorage> s = Storage(name);
   return s.ok() && KeepableFp8(*s);
@@ -355,16 +371,11 @@ absl::StatusOr<std::optional<WeightSource::Fp8Tensor>> SafetensorsCheckpoint::Re
     const std::string& name, const std::vector<int64_t>& shape) {
   const SafetensorsTensor* t = nullptr;
   const SafetensorsTensor* sc = nullptr;
-  std::string file;
-  absl::StatusOr<WeightStorage> s_or = Describe(name, &t, &sc, &file);
+  absl::StatusOr<std::optional<WeightStorage>> s_or =
+      KeptStorage(name, shape, KeepableFp8, "FP8", &t, &sc);
   if (!s_or.ok()) return s_or.status();
-  const WeightStorage& s = *s_or;
-  if (!KeepableFp8(s)) return std::nullopt;
-  if (s.shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": FP8 tensor '", name, "' has shape [",
-                                                   absl::StrJoin(s.shape, ","), "], expected [",
-                                                   absl::StrJoin(shape, ","), "]"));
-  }
+  if (!s_or->has_value()) return std::nullopt;
+  const WeightStorage& s = **s_or;
   Fp8Tensor out;
   out.data.assign(t->data, t->data + shape[0] * shape[1]);
   absl::Status st = ScaleValues(name, s, *sc, &out.scales);
@@ -381,16 +392,11 @@ absl::StatusOr<std::optional<WeightSource::Mxfp4Tensor>> SafetensorsCheckpoint::
     const std::string& name, const std::vector<int64_t>& shape) {
   const SafetensorsTensor* t = nullptr;
   const SafetensorsTensor* sc = nullptr;
-  std::string file;
-  absl::StatusOr<WeightStorage> s_or = Describe(name, &t, &sc, &file);
+  absl::StatusOr<std::optional<WeightStorage>> s_or =
+      KeptStorage(name, shape, KeepableMxfp4, "MXFP4", &t, &sc);
   if (!s_or.ok()) return s_or.status();
-  const WeightStorage& s = *s_or;
-  if (!KeepableMxfp4(s)) return std::nullopt;
-  if (s.shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": MXFP4 tensor '", name, "' has shape [",
-                                                   absl::StrJoin(s.shape, ","), "], expected [",
-                                                   absl::StrJoin(shape, ","), "]"));
-  }
+  if (!s_or->has_value()) return std::nullopt;
+  const WeightStorage& s = **s_or;
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   Mxfp4Tensor out;
