@@ -1,11 +1,11 @@
 // DeepSeek-V4 with its routed experts kept MXFP4 on the CUDA backend (`--dtype mxfp4`: bf16
 // weights, LoadOptions::mxfp4_experts) against the CPU backend running the same model in fp32 on
-// the same MXFP4 experts: the reference's source hands it every routed-expert tensor as MXFP4
-// bytes and scales (the checkpoint's as stored, WeightSource::ReadMxfp4, else quantised with the
-// loader's quantiser, QuantizeMxfp4) dequantised to fp32 here, from the format's definition (an
-// E2M1 code: sign bit 3, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; times 2^(b - 127) for the block's
-// UE8M0 byte b), so the experts' values are the same in both runs and what is left between them
-// is the GPU's bf16 (the other matrices, the activations into and between the expert GEMMs).
+// the same MXFP4 experts: the reference's source (Mxfp4ExpertValuesSource) hands it every
+// routed-expert tensor as MXFP4 bytes and scales (the checkpoint's as stored, else quantised with
+// the loader's quantiser) dequantised to fp32, the same tensors a `--dtype mxfp4` load takes
+// (mxfp4_expert_values_source_test), so the experts' values are the same in both runs and what is
+// left between them is the GPU's bf16 (the other matrices, the activations into and between the
+// expert GEMMs).
 // Cases: the dsv4_bf16 fixture's checkpoint (fused bf16 experts, quantised at load by
 // WeightLoader::LoadFusedMxfp4Experts), its config with dummy weights (per expert,
 // WeightLoader::LoadMxfp4Mlp), and the dsv4_mix checkpoint, whose experts are MXFP4 as a V4
@@ -27,7 +27,6 @@
 // logits, which the relative bound above already covers).
 // Decode graphs: CudaV4Mxfp4GraphTest below. Skips itself without a GPU.
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -40,80 +39,15 @@
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "tests/parity/hf_fixture.h"
+#include "tests/parity/mxfp4_expert_values_source.h"
 #include "tests/parity/v4_parity_runs.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/kv_cache/kv_block_pool.h"
 #include "worker/model/model_loader.h"
-#include "worker/model/mxfp4_quantize.h"
 
 namespace deepinfer {
 namespace {
-
-bool IsRoutedExpert(const std::string& name) {
-  return name.find(".mlp.experts.") != std::string::npos ||
-         name.find(".ffn.experts.") != std::string::npos;
-}
-
-// An E2M1 code's value (OCP Microscaling Formats v1.0, FP4 E2M1).
-float E2m1Value(uint8_t code) {
-  static constexpr float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float m = kMagnitude[code & 7];
-  return (code & 8) != 0 ? -m : m;
-}
-
-// `inner` with every routed-expert tensor replaced by its MXFP4 values in fp32 (rows of the last
-// dimension in blocks of 32, as the device stores them).
-class Mxfp4ExpertValuesSource : public WeightSource {
- public:
-  explicit Mxfp4ExpertValuesSource(WeightSource* inner) : inner_(inner) {}
-  absl::Status ReadFloat32(const std::string& name, const std::vector<int64_t>& shape,
-                           float* out) override {
-    if (!IsRoutedExpert(name)) return inner_->ReadFloat32(name, shape, out);
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<uint8_t> packed(n / 2), scales(n / kMxfp4Block);
-    if (inner_->StoresMxfp4(name)) {
-      auto t = inner_->ReadMxfp4(name, shape);
-      if (!t.ok()) return t.status();
-      if (!t->has_value()) return absl::InternalError(name + ": no MXFP4 bytes");
-      packed = (*t)->packed;
-      scales = (*t)->scales;
-    } else {
-      absl::Status st = inner_->ReadFloat32(name, shape, out);
-      if (!st.ok()) return st;
-      const int64_t cols = shape.back();
-      st = QuantizeMxfp4(out, n / cols, cols, packed.data(), scales.data(), name.c_str());
-      if (!st.ok()) return st;
-    }
-    if (static_cast<int64_t>(packed.size()) != n / 2 ||
-        static_cast<int64_t>(scales.size()) != n / kMxfp4Block) {
-      return absl::InternalError(name + ": MXFP4 sizes");
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      const uint8_t code = (i % 2 == 0) ? packed[i / 2] & 0xF : packed[i / 2] >> 4;
-      out[i] = E2m1Value(code) * std::ldexp(1.0f, static_cast<int>(scales[i / kMxfp4Block]) - 127);
-    }
-    return absl::OkStatus();
-  }
-  bool Contains(const std::string& name) const override { return inner_->Contains(name); }
-  absl::StatusOr<WeightStorage> Storage(const std::string& name) override {
-    return inner_->Storage(name);
-  }
-  absl::Status ReadIndices(const std::string& name, const std::vector<int64_t>& shape,
-                           int64_t bound, int32_t* out) override {
-    return inner_->ReadIndices(name, shape, bound, out);
-  }
-  std::optional<DummyFill> DummyFillFor(const std::string& name,
-                                        const std::vector<int64_t>& shape) const override {
-    return IsRoutedExpert(name) ? std::nullopt : inner_->DummyFillFor(name, shape);
-  }
-  std::string ShardOf(const std::string& name) const override { return inner_->ShardOf(name); }
-  std::string description() const override { return "mxfp4 values of " + inner_->description(); }
-
- private:
-  WeightSource* inner_;
-};
 
 class CudaV4Mxfp4Test : public ::testing::TestWithParam<std::string> {};
 
