@@ -109,8 +109,8 @@ absl::StatusOr<GpuMemoryReport> PlanGpuMemory(const std::string& config_json,
   options.block_size = static_cast<int32_t>(config.block_size);
   options.max_batch_tokens = static_cast<int32_t>(config.max_batch_tokens);
   const int64_t weight_bytes = r.weights.total();
-  const int64_t reserve = r.activation_reserve_bytes + r.dequant_scratch.total() + r.graph_bytes +
-                          r.cache_state_bytes;
+  const int64_t reserve =
+      r.activation_reserve_bytes + r.dequant_scratch.total() + r.graph_bytes + r.cache_state_bytes;
   // The rank builder's two checks (CheckWeightsFit before loading, PlanKvCache after), with
   // the terms of this report in the message.
   const int64_t budget = static_cast<int64_t>(r.utilization * static_cast<double>(r.total_bytes));
@@ -198,9 +198,8 @@ std::string FormatGpuMemoryReport(const GpuMemoryReport& r, const MemoryPlanComm
     absl::StrAppend(&out, "\ndoes not fit: ", r.error, "\n", refuses);
     return out;
   }
-  const int64_t used = r.weights.total() + r.activation_reserve_bytes +
-                       r.dequant_scratch.total() + r.graph_bytes + r.cache_state_bytes +
-                       r.kv.kv_bytes();
+  const int64_t used = r.weights.total() + r.activation_reserve_bytes + r.dequant_scratch.total() +
+                       r.graph_bytes + r.cache_state_bytes + r.kv.kv_bytes();
   row("KV cache", r.kv.kv_bytes(),
       absl::StrFormat("(%d blocks x %d = %d tokens, %d bytes per token)", r.kv.num_blocks,
                       r.kv.block_size, r.kv_tokens(), r.kv_bytes_per_token));

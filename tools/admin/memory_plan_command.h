@@ -2,8 +2,8 @@
 // without loading anything: weights and block scales counted from the config's parameter
 // shapes (worker/engine/weight_inventory.h) in a chosen precision, the activation reserve,
 // dequantisation scratch and decode-graph memory as the rank builder sizes them (memory_plan.h,
-// dequant_scratch.h), and the KV cache that --gpu-memory-utilization leaves (PlanKvCache). The flags live in tools/admin/main.cc; this
-// is the logic behind them.
+// dequant_scratch.h), and the KV cache that --gpu-memory-utilization leaves (PlanKvCache). The
+// flags live in tools/admin/main.cc; this is the logic behind them.
 #ifndef DEEPINFER_TOOLS_ADMIN_MEMORY_PLAN_COMMAND_H_
 #define DEEPINFER_TOOLS_ADMIN_MEMORY_PLAN_COMMAND_H_
 
@@ -71,8 +71,8 @@ std::string FormatGpuMemoryReport(const GpuMemoryReport& report,
                                   const MemoryPlanCommandConfig& config);
 
 // Returns the exit code: 0 when the model fits (the report says when the engine refuses the
-// configuration anyway: GpuMemoryReport::engine_refuses), 1 when a file cannot be read or the config
-// is bad, 2 for a bad flag value, 3 when it does not fit (the report says which term).
+// configuration anyway: GpuMemoryReport::engine_refuses), 1 when a file cannot be read or the
+// config is bad, 2 for a bad flag value, 3 when it does not fit (the report says which term).
 int RunMemoryPlanCommand(const MemoryPlanCommandConfig& config, std::ostream& out,
                          std::ostream& err);
 

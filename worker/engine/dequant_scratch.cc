@@ -8,8 +8,8 @@
 
 namespace deepinfer {
 
-DequantScratch DequantScratchOf(const ModelConfig& config, const Architecture& arch,
-                                bool keep_fp8, bool mxfp4_experts) {
+DequantScratch DequantScratchOf(const ModelConfig& config, const Architecture& arch, bool keep_fp8,
+                                bool mxfp4_experts) {
   DequantScratch s;
   if (keep_fp8 && arch.keeps_fp8) {
     // An upper bound that counts every matrix as FP8 (model_weights.h), so any keep_fp8 will do.

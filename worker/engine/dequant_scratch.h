@@ -26,8 +26,8 @@ struct DequantScratch {
 // (KeepsExpertsMxfp4: CUDA with --dtype mxfp4); the MXFP4 term is counted only when
 // `arch.keeps_mxfp4_experts` as well, for all config.n_routed_experts (the engine runs MXFP4
 // experts on one rank hosting every expert).
-DequantScratch DequantScratchOf(const ModelConfig& config, const Architecture& arch,
-                                bool keep_fp8, bool mxfp4_experts);
+DequantScratch DequantScratchOf(const ModelConfig& config, const Architecture& arch, bool keep_fp8,
+                                bool mxfp4_experts);
 
 }  // namespace deepinfer
 
