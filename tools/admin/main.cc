@@ -159,9 +159,10 @@ int MemoryPlan(const std::vector<std::string>& args) {
       "What each GPU of a G-GPU expert-parallel group would hold for the model, without\n"
       "loading anything: weights and block scales counted from the config's parameter\n"
       "shapes in --precision (routed experts split over the GPUs, everything else on each),\n"
-      "the activation reserve and decode-graph memory as a worker sizes them, and the KV\n"
-      "cache tokens that --gpu-memory-utilization leaves. Exits 3 when the model does not\n"
-      "fit. docs/memory-plan.md.");
+      "the activation reserve, dequantisation scratch and decode-graph memory as a worker\n"
+      "sizes them, and the KV cache tokens that --gpu-memory-utilization leaves. Exits 3\n"
+      "when the model does not fit; says when the engine refuses the configuration (mxfp4\n"
+      "on more than one GPU). docs/memory-plan.md.");
   flags.AddString("model", &config.model,
                   "dummy:CONFIG.json, a config.json, or a checkpoint directory (its "
                   "config.json is read; nothing else).");

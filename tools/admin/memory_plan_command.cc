@@ -88,6 +88,17 @@ absl::StatusOr<GpuMemoryReport> PlanGpuMemory(const std::string& config_json,
   r.cache_state_bytes = spec.StateBytesPerSequence() * config.max_running;
   r.activation_reserve_bytes =
       ActivationReserveBytes(floats_per_token, static_cast<int32_t>(config.max_batch_tokens));
+  // The CUDA backend keeps the checkpoint's FP8 matrices with --dtype auto and mxfp4, the routed
+  // experts MXFP4 with --dtype mxfp4 (KeepsCheckpointFp8, KeepsExpertsMxfp4).
+  const bool mxfp4 = *precision == WeightPrecision::kMxfp4Experts;
+  r.dequant_scratch = DequantScratchOf(*model_config, **arch,
+                                       /*keep_fp8=*/*precision != WeightPrecision::kBf16, mxfp4);
+  if (mxfp4 && config.num_gpus > 1) {
+    r.engine_refuses = absl::StrFormat(
+        "the engine refuses --dtype mxfp4 on more than one GPU today: it runs MXFP4 routed "
+        "experts on one rank hosting every expert, so this plan for %d GPUs is arithmetic only",
+        config.num_gpus);
+  }
   if (config.cuda_graph_max_batch > 0) {
     r.graph_bytes =
         DecodeGraphReserveBytes(floats_per_token, DecodeGraphBuckets(config.cuda_graph_max_batch));
@@ -98,15 +109,16 @@ absl::StatusOr<GpuMemoryReport> PlanGpuMemory(const std::string& config_json,
   options.block_size = static_cast<int32_t>(config.block_size);
   options.max_batch_tokens = static_cast<int32_t>(config.max_batch_tokens);
   const int64_t weight_bytes = r.weights.total();
-  const int64_t reserve = r.activation_reserve_bytes + r.graph_bytes + r.cache_state_bytes;
+  const int64_t reserve =
+      r.activation_reserve_bytes + r.dequant_scratch.total() + r.graph_bytes + r.cache_state_bytes;
   // The rank builder's two checks (CheckWeightsFit before loading, PlanKvCache after), with
   // the terms of this report in the message.
   const int64_t budget = static_cast<int64_t>(r.utilization * static_cast<double>(r.total_bytes));
   const std::string terms = absl::StrFormat(
-      "weights %.2f GiB + scales %.2f GiB + activation reserve %.2f GiB + decode graphs %.2f GiB "
-      "+ cache state %.2f GiB",
+      "weights %.2f GiB + scales %.2f GiB + activation reserve %.2f GiB + dequant scratch %.2f "
+      "GiB + decode graphs %.2f GiB + cache state %.2f GiB",
       GiB(r.weights.weights), GiB(r.weights.scales), GiB(r.activation_reserve_bytes),
-      GiB(r.graph_bytes), GiB(r.cache_state_bytes));
+      GiB(r.dequant_scratch.total()), GiB(r.graph_bytes), GiB(r.cache_state_bytes));
   absl::Status fit =
       CheckWeightsFit(Device(r.total_bytes, r.total_bytes), weight_bytes, reserve, options);
   if (fit.code() == absl::StatusCode::kInvalidArgument) return fit;
@@ -159,6 +171,18 @@ std::string FormatGpuMemoryReport(const GpuMemoryReport& r, const MemoryPlanComm
   row("scales", r.weights.scales, "");
   row("activation reserve", r.activation_reserve_bytes,
       absl::StrFormat("(--max-batch-tokens %d)", c.max_batch_tokens));
+  if (r.dequant_scratch.total() > 0) {
+    std::string parts;
+    if (r.dequant_scratch.fp8_bytes > 0) {
+      absl::StrAppendFormat(&parts, "largest FP8 matrix as bf16 %.2f GiB",
+                            GiB(r.dequant_scratch.fp8_bytes));
+    }
+    if (r.dequant_scratch.mxfp4_bytes > 0) {
+      absl::StrAppendFormat(&parts, "%sa group of MXFP4 experts as bf16 %.2f GiB",
+                            parts.empty() ? "" : ", ", GiB(r.dequant_scratch.mxfp4_bytes));
+    }
+    row("dequant scratch", r.dequant_scratch.total(), absl::StrCat("(", parts, ")"));
+  }
   row("decode graph memory", r.graph_bytes,
       c.cuda_graph_max_batch > 0
           ? absl::StrFormat("(buckets up to batch %d)", c.cuda_graph_max_batch)
@@ -168,12 +192,14 @@ std::string FormatGpuMemoryReport(const GpuMemoryReport& r, const MemoryPlanComm
         absl::StrFormat("(sliding windows and open compressor windows of %d sequences)",
                         c.max_running));
   }
+  const std::string refuses =
+      r.engine_refuses.empty() ? "" : absl::StrCat("\nnote: ", r.engine_refuses, "\n");
   if (!r.fits()) {
-    absl::StrAppend(&out, "\ndoes not fit: ", r.error, "\n");
+    absl::StrAppend(&out, "\ndoes not fit: ", r.error, "\n", refuses);
     return out;
   }
-  const int64_t used = r.weights.total() + r.activation_reserve_bytes + r.graph_bytes +
-                       r.cache_state_bytes + r.kv.kv_bytes();
+  const int64_t used = r.weights.total() + r.activation_reserve_bytes + r.dequant_scratch.total() +
+                       r.graph_bytes + r.cache_state_bytes + r.kv.kv_bytes();
   row("KV cache", r.kv.kv_bytes(),
       absl::StrFormat("(%d blocks x %d = %d tokens, %d bytes per token)", r.kv.num_blocks,
                       r.kv.block_size, r.kv_tokens(), r.kv_bytes_per_token));
@@ -182,6 +208,7 @@ std::string FormatGpuMemoryReport(const GpuMemoryReport& r, const MemoryPlanComm
   absl::StrAppendFormat(&out, "\nfits: KV cache %d tokens per GPU, %d over %d GPU%s\n",
                         r.kv_tokens(), r.kv_tokens() * r.num_gpus, r.num_gpus,
                         r.num_gpus == 1 ? "" : "s");
+  absl::StrAppend(&out, refuses);
   return out;
 }
 

@@ -1,9 +1,9 @@
 // `deepinfer-admin memory-plan`: what one GPU of a group would hold for a full-size model,
 // without loading anything: weights and block scales counted from the config's parameter
-// shapes (worker/engine/weight_inventory.h) in a chosen precision, the activation reserve and
-// decode-graph memory as the rank builder sizes them (memory_plan.h), and the KV cache that
-// --gpu-memory-utilization leaves (PlanKvCache). The flags live in tools/admin/main.cc; this
-// is the logic behind them.
+// shapes (worker/engine/weight_inventory.h) in a chosen precision, the activation reserve,
+// dequantisation scratch and decode-graph memory as the rank builder sizes them (memory_plan.h,
+// dequant_scratch.h), and the KV cache that --gpu-memory-utilization leaves (PlanKvCache). The
+// flags live in tools/admin/main.cc; this is the logic behind them.
 #ifndef DEEPINFER_TOOLS_ADMIN_MEMORY_PLAN_COMMAND_H_
 #define DEEPINFER_TOOLS_ADMIN_MEMORY_PLAN_COMMAND_H_
 
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "worker/engine/dequant_scratch.h"
 #include "worker/engine/memory_plan.h"
 #include "worker/engine/weight_inventory.h"
 
@@ -43,11 +44,17 @@ struct GpuMemoryReport {
   double utilization = 0;
   WeightBytes weights;  // this GPU's
   int64_t activation_reserve_bytes = 0;
+  // FP8 matrices / MXFP4 experts widened to bf16 (DequantScratchOf with the precision's options,
+  // as the CUDA backend's --dtype of the same name sets them).
+  DequantScratch dequant_scratch;
   int64_t graph_bytes = 0;
   int64_t kv_bytes_per_token = 0;
   int64_t cache_state_bytes = 0;  // fixed per-sequence cache state x max_running
   KvCachePlan kv;                 // num_blocks 0 when nothing fits
   std::string error;              // why it does not fit; empty when it does
+  // Why the engine refuses this configuration today whatever the arithmetic says; empty when
+  // it runs it.
+  std::string engine_refuses;
 
   bool fits() const { return error.empty(); }
   int64_t kv_tokens() const { return kv.tokens(); }
@@ -63,8 +70,9 @@ absl::StatusOr<GpuMemoryReport> PlanGpuMemory(const std::string& config_json,
 std::string FormatGpuMemoryReport(const GpuMemoryReport& report,
                                   const MemoryPlanCommandConfig& config);
 
-// Returns the exit code: 0 when the model fits, 1 when a file cannot be read or the config
-// is bad, 2 for a bad flag value, 3 when it does not fit (the report says which term).
+// Returns the exit code: 0 when the model fits (the report says when the engine refuses the
+// configuration anyway: GpuMemoryReport::engine_refuses), 1 when a file cannot be read or the
+// config is bad, 2 for a bad flag value, 3 when it does not fit (the report says which term).
 int RunMemoryPlanCommand(const MemoryPlanCommandConfig& config, std::ostream& out,
                          std::ostream& err);
 

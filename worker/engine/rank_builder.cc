@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
+#include "worker/engine/dequant_scratch.h"
 #include "worker/model/ep_expert_dispatcher.h"
 #if DEEPINFER_WITH_DEVICE_EXCHANGE
 #include "worker/model/ep_device_dispatcher.h"
@@ -315,13 +316,11 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   plan_options.block_size = spec.block_size;
   plan_options.max_batch_tokens = spec.max_batch_tokens;
   const int64_t floats_per_token = (*arch)->activation_floats_per_token(config);
+  // FP8 matrices and MXFP4 experts widened to bf16 at prefill sizes (dequant_scratch.h).
   int64_t reserve = ActivationReserveBytes(floats_per_token, spec.max_batch_tokens) +
-                    ModelWeights::Fp8DequantScratchBytes(config, load);
-  // MXFP4 experts widened to bf16 a group at a time at prefill sizes (backend.h).
-  if (load.mxfp4_experts) {
-    reserve += Mxfp4DequantScratchBytes(config.n_routed_experts, config.hidden_size,
-                                        config.moe_intermediate_size);
-  }
+                    DequantScratchOf(config, **arch, KeepsCheckpointFp8(spec.backend),
+                                     KeepsExpertsMxfp4(spec.backend))
+                        .total();
   // Graphs recorded at start-up: the buckets a rank can decode (it runs at most max_running
   // sequences), exactly those the reserve counts.
   const bool capture = spec.capture_decode_graphs && spec.decode_graphs.enabled &&

@@ -1,0 +1,34 @@
+// The device scratch a rank reserves, beside its activation reserve, for widening weights kept
+// in a stored low precision to bf16 at prefill sizes. The rank builder adds it to the memory
+// plan's reserve and `deepinfer-admin memory-plan` reports it, both through DequantScratchOf.
+#ifndef DEEPINFER_WORKER_ENGINE_DEQUANT_SCRATCH_H_
+#define DEEPINFER_WORKER_ENGINE_DEQUANT_SCRATCH_H_
+
+#include <cstdint>
+
+#include "worker/model/architecture.h"
+#include "worker/model/model_config.h"
+
+namespace deepinfer {
+
+struct DequantScratch {
+  // The largest FP8 projection or MLP matrix as bf16 (ModelWeights::Fp8DequantScratchBytes).
+  int64_t fp8_bytes = 0;
+  // One group of MXFP4 routed experts as bf16 (Mxfp4DequantScratchBytes, backend.h).
+  int64_t mxfp4_bytes = 0;
+
+  int64_t total() const { return fp8_bytes + mxfp4_bytes; }
+};
+
+// `keep_fp8`: the precision keeps the checkpoint's FP8 matrices where the architecture does
+// (KeepsCheckpointFp8: CUDA with --dtype auto or mxfp4); the FP8 term is counted only when
+// `arch.keeps_fp8` as well. `mxfp4_experts`: the precision keeps the routed experts MXFP4
+// (KeepsExpertsMxfp4: CUDA with --dtype mxfp4); the MXFP4 term is counted only when
+// `arch.keeps_mxfp4_experts` as well, for all config.n_routed_experts (the engine runs MXFP4
+// experts on one rank hosting every expert).
+DequantScratch DequantScratchOf(const ModelConfig& config, const Architecture& arch, bool keep_fp8,
+                                bool mxfp4_experts);
+
+}  // namespace deepinfer
+
+#endif  // DEEPINFER_WORKER_ENGINE_DEQUANT_SCRATCH_H_
