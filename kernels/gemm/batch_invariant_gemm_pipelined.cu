@@ -280,7 +280,9 @@ __global__ void __launch_bounds__(Pipe<kWarpsN, kN8>::kThreads, 2)
     float4 sum = part[0];
 #pragma unroll
     for (int q = 1; q < kMaxSplits; ++q) {
-      if (q < splits) sum.x += part[q].x, sum.y += part[q].y, sum.z += part[q].z, sum.w += part[q].w;
+      if (q < splits) {
+        sum.x += part[q].x, sum.y += part[q].y, sum.z += part[q].z, sum.w += part[q].w;
+      }
     }
     float* out = c + (row0 + row) * p.ldc + col0 + col;
     if (c_vectors && col0 + col + kGroup <= p.n) {

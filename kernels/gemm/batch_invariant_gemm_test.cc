@@ -149,11 +149,11 @@ TEST_P(BatchInvariantGemmPipelinedTest, MatchesReferenceAndSameBitsAtEveryRowCou
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, BatchInvariantGemmPipelinedTest,
-    ::testing::Values(Case{1, 8200, 256, 1},  // 129 tiles of 64 columns: no split, n % 64 = 8
-                      Case{1, 4100, 512, 2},  // 65 tiles: 2 splits of 4 steps
-                      Case{1, 2000, 1024, 4},  // 32 tiles: 4 splits of 4 steps
-                      Case{1, 200, 2056, 8},   // 4 tiles: 8 splits, the last step 8 wide
-                      Case{4, 96, 520, 2},     // a batch of 4: 8 tiles, 9 steps in 2 splits
+    ::testing::Values(Case{1, 8200, 256, 1},    // 129 tiles of 64 columns: no split, n % 64 = 8
+                      Case{1, 4100, 512, 2},    // 65 tiles: 2 splits of 4 steps
+                      Case{1, 2000, 1024, 4},   // 32 tiles: 4 splits of 4 steps
+                      Case{1, 200, 2056, 8},    // 4 tiles: 8 splits, the last step 8 wide
+                      Case{4, 96, 520, 2},      // a batch of 4: 8 tiles, 9 steps in 2 splits
                       Case{1, 1030, 512, 2}));  // rows of c not 16-byte aligned: scalar stores
 
 TEST(BatchInvariantGemmPipelinedTest, RefusesWhatItDoesNotTake) {

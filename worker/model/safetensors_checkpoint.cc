@@ -355,9 +355,9 @@ absl::StatusOr<std::optional<WeightStorage>> SafetensorsCheckpoint::KeptStorage(
   if (!s.ok()) return s.status();
   if (!keepable(*s)) return std::nullopt;
   if (s->shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": ", kind, " tensor '", name,
-                                                   "' has shape [", absl::StrJoin(s->shape, ","),
-                                                   "], expected [", absl::StrJoin(shape, ","), "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        file, ": ", kind, " tensor '", name, "' has shape [", absl::StrJoin(s->shape, ","),
+        "], expected [", absl::StrJoin(shape, ","), "]"));
   }
   return std::optional<WeightStorage>(*std::move(s));
 }

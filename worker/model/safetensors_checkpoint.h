@@ -60,10 +60,12 @@ class SafetensorsCheckpoint : public WeightSource {
                                          const SafetensorsTensor** scale, std::string* file);
   // Describe's storage of `name` where `keepable` takes it as stored and its shape is `shape`
   // (`kind` names the format in the error); nullopt where `keepable` does not take it.
-  absl::StatusOr<std::optional<WeightStorage>> KeptStorage(
-      const std::string& name, const std::vector<int64_t>& shape,
-      bool (*keepable)(const WeightStorage&), const char* kind, const SafetensorsTensor** weight,
-      const SafetensorsTensor** scale);
+  absl::StatusOr<std::optional<WeightStorage>> KeptStorage(const std::string& name,
+                                                           const std::vector<int64_t>& shape,
+                                                           bool (*keepable)(const WeightStorage&),
+                                                           const char* kind,
+                                                           const SafetensorsTensor** weight,
+                                                           const SafetensorsTensor** scale);
 
   const std::string dir_;
   const int64_t block_rows_, block_cols_;

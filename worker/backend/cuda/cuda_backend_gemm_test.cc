@@ -617,8 +617,8 @@ TEST_F(CudaBackendTest, AddRmsNormGemmsMatchesCpu) {
           // times weights of up to ~4, would move an output by up to ~0.1 on its own).
           for (size_t t = 0; t < widths.size(); ++t) {
             std::vector<float> on_gpu_rows(want[t].size());
-            cpu16_.Gemm(rows, widths[t], dim, ActivationView::Bf16(g16.data()), dim,
-                        cpu_gemms[t].w, dim, on_gpu_rows.data(), widths[t], false);
+            cpu16_.Gemm(rows, widths[t], dim, ActivationView::Bf16(g16.data()), dim, cpu_gemms[t].w,
+                        dim, on_gpu_rows.data(), widths[t], false);
             EXPECT_TRUE(AllClose(Download(*got[t]), on_gpu_rows, 5e-2, 1e-3)) << "gemm " << t;
           }
         }
