@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
                   "of the roofline. fp8 (--backend cuda): the worker's --dtype auto, FP8 e4m3\n"
                   "block-scaled projections and MLPs kept FP8 (dummy weights generate them\n"
                   "FP8, as DeepSeek's FP8 release stores them), the rest bfloat16; 1 byte per\n"
-                  "weight in the roofline. mxfp4 (--backend cuda, --ranks 1): the worker's\n"
+                  "weight in the roofline; refused for DeepSeek-V4, which keeps no FP8\n"
+                  "matrix. mxfp4 (--backend cuda, --ranks 1): the worker's\n"
                   "--dtype mxfp4, as fp8 with the routed experts quantised to MXFP4 at load;\n"
                   "0.53 bytes per weight (the experts') in the roofline; DeepSeek-V4 keeps\n"
                   "no matrix FP8: its experts MXFP4, the rest bfloat16 (2 bytes a weight).");

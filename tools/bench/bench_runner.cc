@@ -892,6 +892,20 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   }
   auto bytes_per_value = BytesPerValue(bc.dtype);
   if (!bytes_per_value.ok()) return bytes_per_value.status();
+  auto config = ReadConfig(bc.model);
+  if (!config.ok()) return config.status();
+  if (bc.dtype == kBenchFp8) {
+    // The worker's --dtype auto keeps FP8 matrices only where the architecture does; one that
+    // dequantises them at load would run bf16 under an FP8 label and an FP8 roofline.
+    auto arch = FindArchitecture(*config);
+    if (!arch.ok()) return arch.status();
+    if (!(*arch)->keeps_fp8) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bench: --dtype fp8: ", (*arch)->name,
+          " loads its matrices dequantised and keeps none in FP8; use --dtype bfloat16, or "
+          "--dtype mxfp4 where it keeps its routed experts in MXFP4"));
+    }
+  }
   if ((bc.dtype == kBenchFp8 || bc.dtype == kBenchMxfp4) && bc.backend != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("bench: --dtype ", bc.dtype,
                                                    " keeps quantised matrices on --backend cuda "
@@ -926,8 +940,6 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
   auto choice = comm::ParseDataPlaneChoice(bc.communicator);
   if (!choice.ok()) return choice.status();
   if (absl::Status st = comm::CheckDataPlaneChoice(*choice, bc.backend); !st.ok()) return st;
-  auto config = ReadConfig(bc.model);
-  if (!config.ok()) return config.status();
   std::unique_ptr<comm::TcpCommunicator::RootListener> root;
   if (ranks > 1) {
     if (config->n_routed_experts <= 0) {

@@ -320,6 +320,13 @@ TEST(BenchRunnerTest, DeepseekV4StepsArePricedByTheV4Roofline) {
   const absl::Status random = RunBenchmark(c).status();
   EXPECT_EQ(random.code(), absl::StatusCode::kInvalidArgument) << random;
   EXPECT_NE(random.message().find("--decode-fill prefill"), std::string::npos) << random;
+  // V4 keeps no FP8 matrices: --dtype fp8 is refused by name, not run as bf16.
+  c.decode_fill = "prefill";
+  c.dtype = "fp8";
+  const absl::Status fp8 = RunBenchmark(c).status();
+  EXPECT_EQ(fp8.code(), absl::StatusCode::kInvalidArgument) << fp8;
+  EXPECT_NE(fp8.message().find("DeepseekV4ForCausalLM"), std::string::npos) << fp8;
+  EXPECT_NE(fp8.message().find("keeps none in FP8"), std::string::npos) << fp8;
 }
 
 // Mixed steps (mixed_step.h) after the decode batch sizes: one result per shape with its
