@@ -307,7 +307,8 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   }
   const int64_t weight_bytes = (*arch)->weight_bytes(config, be->weight_dtype(), load);
   LOG(INFO) << "rank " << spec.rank << ": " << be->name() << " backend, "
-            << WeightDTypeName(be->weight_dtype()) << " weights ("
+            << WeightDTypeName(be->weight_dtype()) << " weights"
+            << (load.mxfp4_experts ? ", routed experts MXFP4" : "") << " ("
             << absl::StrFormat("%.1f MiB", weight_bytes / double{1 << 20}) << ")";
 
   // On a GPU, memory is planned up front: the weights must fit before anything is loaded.
