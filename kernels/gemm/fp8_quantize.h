@@ -38,6 +38,16 @@ struct Fp8QuantizeParams {
   int64_t m_pad = 0;  // >= m
   const int32_t* group_offsets = nullptr;
   int32_t num_groups = 0;
+  // SwiGLU's product quantised (the down GEMM's operand): a holds bf16 rows [gate | up], width
+  // 2 * k (lda >= 2 * k, a_bf16 required), and the row quantised is x[i, p] = bf16(silu(g) * u),
+  // g = a[i, p], u = a[i, k + p], rounded exactly as kernels::SiluMulBf16 rounds it.
+  bool silu_mul = false;
+  // Rows scattered (the routed experts' permutation, kernels/moe/moe_permute.h's choice_row):
+  // source row i < m of a is quantised once and written to rows dest_rows[i * dests_per_row + j]
+  // of q (j < dests_per_row; -1: none), its scales in group_offsets' layout (required; m_pad
+  // unused). Rows of q no source row maps to (a group's padding rows) are left untouched.
+  const int32_t* dest_rows = nullptr;
+  int32_t dests_per_row = 0;
 };
 cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream);
 

@@ -151,8 +151,185 @@ TEST(Fp8QuantizeRowsGroupsTest, PacksEachGroupsScales) {
   }
 }
 
+// The host scheme for one 128-wide block of x: its scale and e4m3 bytes.
+float HostBlock(const float* x, int64_t n, uint8_t* q) {
+  float amax = 0.0f;
+  for (int64_t c = 0; c < n; ++c) amax = std::max(amax, std::fabs(x[c]));
+  const float s = std::max(amax / 448.0f, FLT_MIN);
+  for (int64_t c = 0; c < n; ++c) q[c] = FloatToF8E4M3(x[c] / s);
+  return s;
+}
+
+// Scattered rows (the routed experts' permutation): each source row quantised into each of its
+// destination rows, scales in the groups' packed layout; rows no source maps to (the groups'
+// padding) untouched.
+TEST(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t m = 9, k = 384, blocks = Fp8ScaleCols(k);
+  const int32_t dests = 3, groups = 3;
+  // Choice (i, j) goes to group (i + j) % groups, one choice to none; rows by (i, j) inside a
+  // group, each group padded to 4 rows.
+  std::vector<int32_t> group_of(m * dests), counts(groups, 0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int32_t j = 0; j < dests; ++j) {
+      group_of[i * dests + j] = (i == 4 && j == 1) ? -1 : static_cast<int32_t>((i + j) % groups);
+    }
+  }
+  std::vector<int32_t> offsets(groups + 1, 0);
+  for (int32_t g : group_of) {
+    if (g >= 0) ++counts[g];
+  }
+  for (int32_t g = 0; g < groups; ++g) offsets[g + 1] = offsets[g] + (counts[g] + 3) / 4 * 4;
+  const int64_t rows = offsets[groups];
+  std::vector<int32_t> dest(m * dests, -1), next(offsets.begin(), offsets.end() - 1);
+  std::vector<int64_t> source_of(rows, -1);
+  for (int64_t c = 0; c < m * dests; ++c) {
+    if (group_of[c] < 0) continue;
+    dest[c] = next[group_of[c]]++;
+    source_of[dest[c]] = c / dests;
+  }
+  for (bool a_bf16 : {false, true}) {
+    SCOPED_TRACE(a_bf16 ? "bf16 rows" : "fp32 rows");
+    std::vector<float> a = testing::RandomFloats(m * k, seed, 3.0f);
+    for (int64_t p = 0; p < k; ++p) a[1 * k + p] *= std::ldexp(1.0f, (p / 128) * 9 - 9);
+    if (a_bf16) {
+      for (float& x : a) x = RoundToBf16(x);
+    }
+    DeviceArray<float> da(a);
+    DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
+    DeviceArray<int32_t> doff(offsets), ddest(dest);
+    DeviceArray<uint8_t> dq(rows * k);
+    DeviceArray<float> ds(rows * blocks);
+    dq.Poison();
+    ds.Poison();
+    Fp8QuantizeParams p;
+    p.m = m;
+    p.k = k;
+    p.a_bf16 = a_bf16;
+    p.a = a_bf16 ? static_cast<const void*>(da16.get()) : da.get();
+    p.lda = k;
+    p.q = dq.get();
+    p.ldq = k;
+    p.scales = ds.get();
+    p.m_pad = m;
+    p.group_offsets = doff.get();
+    p.num_groups = groups;
+    p.dest_rows = ddest.get();
+    p.dests_per_row = dests;
+    DEEPINFER_CUDA_OK(Fp8QuantizeRows(p, nullptr));
+    std::vector<uint8_t> q;
+    std::vector<float> s;
+    DEEPINFER_CUDA_OK(dq.Download(&q));
+    DEEPINFER_CUDA_OK(ds.Download(&s));
+    for (int32_t g = 0; g < groups; ++g) {
+      const int64_t base = offsets[g], count = offsets[g + 1] - base;
+      for (int64_t r = base; r < base + count; ++r) {
+        for (int64_t b = 0; b < blocks; ++b) {
+          const float got_s = s[base * blocks + b * count + (r - base)];
+          if (source_of[r] < 0) {
+            ASSERT_TRUE(std::isnan(got_s)) << "scale of padding row " << r << " written";
+            for (int64_t c = b * 128; c < (b + 1) * 128; ++c) ASSERT_EQ(q[r * k + c], 0xFF) << r;
+            continue;
+          }
+          uint8_t want[128];
+          const float want_s = HostBlock(&a[source_of[r] * k + b * 128], 128, want);
+          ASSERT_EQ(got_s, want_s) << "row " << r << " block " << b;
+          for (int64_t c = 0; c < 128; ++c) {
+            ASSERT_EQ(q[r * k + b * 128 + c], want[c]) << "row " << r << " column " << b * 128 + c;
+          }
+        }
+      }
+    }
+  }
+}
+
+// SwiGLU's product quantised: the rows are bf16 [gate | up], the value quantised bf16(silu(g) *
+// u) as SiluMulBf16 rounds it (expf on the host and the device may differ by an ulp: a block
+// holding a product that close to a bf16 rounding boundary is checked only loosely).
+TEST(Fp8QuantizeRowsSiluMulTest, QuantisesTheRoundedProduct) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t m = 12, k = 1408, lda = 2 * k, blocks = Fp8ScaleCols(k);
+  const std::vector<int32_t> offsets = {0, 4, 4, 12};
+  const int32_t groups = 3;
+  std::vector<float> a = testing::RandomFloats(m * lda, seed, 4.0f);
+  for (float& x : a) x = RoundToBf16(x);
+  DeviceArray<uint16_t> da(FloatsToBf16Bits(a));
+  DeviceArray<int32_t> doff(offsets);
+  DeviceArray<uint8_t> dq(m * k);
+  DeviceArray<float> ds(m * blocks);
+  dq.Poison();
+  ds.Poison();
+  Fp8QuantizeParams p;
+  p.m = m;
+  p.k = k;
+  p.a = da.get();
+  p.a_bf16 = true;
+  p.silu_mul = true;
+  p.lda = lda;
+  p.q = dq.get();
+  p.ldq = k;
+  p.scales = ds.get();
+  p.m_pad = m;
+  p.group_offsets = doff.get();
+  p.num_groups = groups;
+  DEEPINFER_CUDA_OK(Fp8QuantizeRows(p, nullptr));
+  std::vector<uint8_t> q;
+  std::vector<float> s;
+  DEEPINFER_CUDA_OK(dq.Download(&q));
+  DEEPINFER_CUDA_OK(ds.Download(&s));
+  int64_t loose = 0, total = 0;
+  for (int32_t g = 0; g < groups; ++g) {
+    const int64_t base = offsets[g], count = offsets[g + 1] - base;
+    for (int64_t i = base; i < base + count; ++i) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t p0 = b * 128, n = std::min<int64_t>(128, k - p0);
+        float x[128];
+        bool exact = true;
+        for (int64_t c = 0; c < n; ++c) {
+          const float gate = a[i * lda + p0 + c], up = a[i * lda + k + p0 + c];
+          const float prod = gate / (1.0f + std::exp(-gate)) * up;
+          x[c] = RoundToBf16(prod);
+          // One fp32 ulp either way must round to the same bf16 value.
+          exact = exact && RoundToBf16(std::nextafter(prod, -INFINITY)) == x[c] &&
+                  RoundToBf16(std::nextafter(prod, INFINITY)) == x[c];
+        }
+        uint8_t want[128];
+        const float want_s = HostBlock(x, n, want);
+        const float got_s = s[base * blocks + b * count + (i - base)];
+        ++total;
+        if (!exact) {
+          ++loose;
+          ASSERT_NEAR(got_s, want_s, want_s * std::ldexp(1.0f, -7))
+              << "row " << i << " block " << b;
+          continue;
+        }
+        ASSERT_EQ(got_s, want_s) << "row " << i << " block " << b;
+        for (int64_t c = 0; c < n; ++c) {
+          ASSERT_EQ(q[i * k + p0 + c], want[c]) << "row " << i << " column " << p0 + c;
+        }
+      }
+    }
+  }
+  EXPECT_LE(loose * 4, total) << "too few blocks checked exactly";
+}
+
 TEST(Fp8QuantizeRowsArgsTest, RejectsBadLayouts) {
   Fp8QuantizeParams p;  // all zero
+  EXPECT_EQ(Fp8QuantizeRows(p, nullptr), cudaErrorInvalidValue);
+  uint8_t* const q = reinterpret_cast<uint8_t*>(uintptr_t{256});
+  float* const scales = reinterpret_cast<float*>(uintptr_t{512});
+  p.k = 128, p.lda = 256, p.ldq = 128, p.q = q, p.scales = scales;
+  p.silu_mul = true;  // needs bf16 rows
+  EXPECT_EQ(Fp8QuantizeRows(p, nullptr), cudaErrorInvalidValue);
+  p.a_bf16 = true, p.lda = 128;  // [gate | up] needs lda >= 2 k
+  EXPECT_EQ(Fp8QuantizeRows(p, nullptr), cudaErrorInvalidValue);
+  p.silu_mul = false;
+  p.dest_rows = reinterpret_cast<const int32_t*>(uintptr_t{1024});
+  p.dests_per_row = 2;  // scattered rows need group offsets
   EXPECT_EQ(Fp8QuantizeRows(p, nullptr), cudaErrorInvalidValue);
 }
 

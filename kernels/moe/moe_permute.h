@@ -24,7 +24,7 @@ struct MoePermuteParams {
   int32_t num_slots = 0;                    // local slots, 1..kMaxMoeSlots
   const int32_t* topk_ids = nullptr;        // [num_tokens, top_k]
   const int32_t* slot_of_expert = nullptr;  // [num_experts]: local slot, or -1 (not hosted)
-  int64_t hidden_size = 0;
+  int64_t hidden_size = 0;        // 0: the plan only (counts, offsets, choice_row, row_token)
   const float* hidden = nullptr;  // [num_tokens, hidden_size]
   // Outputs.
   int32_t* slot_counts = nullptr;    // [num_slots]

@@ -261,8 +261,9 @@ class CudaBackend : public Backend {
   // down; tile kernels::kGroupedMmaTile), or kernels::Fp8GroupedGemm on fp32 rows where the
   // tensor-core kernel is not built or hidden_size / inter are not multiples of 16; larger batches
   // with the host pointer tables copy the group sizes back (rows aligned to 4 per expert) and run
-  // W8A8 where cuBLASLt takes it (ExpertGemmsFp8W8A8: one quantisation for all rows, one GEMM per
-  // busy expert, SiluMulF32 once), else each expert's rows through Gemm's FP8 paths. MXFP4 experts
+  // W8A8 where cuBLASLt takes it (RoutedExpertsFp8W8A8: each token row quantised once into its
+  // experts' rows, one GEMM per busy expert, bf16 intermediates as the bf16 cuBLAS path), else
+  // each expert's rows through Gemm's FP8 paths. MXFP4 experts
   // (args.mxfp4()): the same permutation (bf16 rows) and combine around
   // kernels::Mxfp4MmaGroupedGemm (tile kernels::kGroupedMmaTile) for gate_up and down up to
   // kMxfp4MaxDeviceTokens tokens, or any batch while captured or with keep_on_device, without
@@ -488,8 +489,9 @@ class CudaBackend : public Backend {
   struct MoePermutation {
     std::unique_ptr<DeviceBuffer> plan, choice_row, row_token, permuted, plan_workspace;
   };
+  // !gather: the plan only (plan, choice_row, row_token; no rows gathered, permuted null).
   MoePermutation PermuteRoutedRows(const RoutedExpertsArgs& a, int64_t rows, int32_t row_align,
-                                   bool bf16);
+                                   bool bf16, bool gather);
   // RoutedExperts' device path for MXFP4 experts (cuda_backend_mxfp4.cc; where
   // Mxfp4ExpertsOnCublas is false): without host synchronisation, bf16 rows through
   // kernels::Mxfp4MmaGroupedGemm (gate_up fp32, SiluMulF32ToBf16 or, with a clamp, gate_up rounded
@@ -499,25 +501,26 @@ class CudaBackend : public Backend {
   // Whether RoutedExperts takes MXFP4 experts to the cuBLAS path (widened to bf16): valid MXFP4
   // arguments, more than kMxfp4MaxDeviceTokens tokens, not keep_on_device, not `captured`.
   static bool Mxfp4ExpertsOnCublas(const RoutedExpertsArgs& a, bool captured);
-  // RoutedExperts with FP8 experts (cuda_backend_fp8.cc), and its two ways of running the expert
-  // GEMMs over the permuted fp32 rows [rows, hidden] grouped by the device offsets [E + 1]
-  // (SiluMulF32 between gate_up and down), writing expert_out [rows, hidden] fp32:
-  // kernels::Fp8GroupedGemm without host synchronisation, or GemmFp8 per expert from the offsets
-  // copied to the host.
+  // RoutedExperts with FP8 experts (cuda_backend_fp8.cc), and its ways of running the expert
+  // GEMMs over the permuted rows grouped by the device offsets [E + 1], writing expert_out
+  // [rows, hidden] fp32: kernels::Fp8GroupedGemm / Fp8MmaGroupedGemm without host
+  // synchronisation, or from the offsets copied to the host RoutedExpertsFp8W8A8, else GemmFp8
+  // per expert.
   bool RoutedExpertsFp8(const RoutedExpertsArgs& a);
   // permuted: bf16 rows with `mma` (kernels::Fp8MmaGroupedGemm), fp32 rows without.
   void ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32_t* offsets, int64_t rows,
                               bool mma, const void* permuted, float* expert_out);
+  // The prefill expert GEMMs per expert through GemmFp8 (fp32 permuted rows, gate_up and the
+  // SiLU-mul product in fp32): where RoutedExpertsFp8W8A8 does not take the experts.
   void ExpertGemmsFp8PerExpert(const RoutedExpertsArgs& a, const int32_t* offsets, int64_t rows,
                                const float* permuted, float* expert_out);
-  // One of ExpertGemmsFp8PerExpert's GEMMs (gate_up, or `down`) for every busy expert, W8A8: the
-  // fp32 rows x ([rows, k]) quantised in one launch (each expert's scales packed for it), then one
-  // cuBLASLt GEMM per expert into y ([rows, n] fp32). offsets: the device group offsets (each a
-  // multiple of 4), host_offsets their copy; weight(down, e): expert e's matrix. false (nothing
-  // launched): cuBLASLt or the layout does not take every expert's GEMM.
-  bool ExpertGemmsFp8W8A8(const RoutedExpertsArgs& a, const int32_t* offsets,
-                          const std::vector<int32_t>& host_offsets, const float* x, float* y,
-                          bool down, const std::function<WeightView(bool, int32_t)>& weight);
+  // The prefill experts W8A8 on cuBLASLt, from the permutation's plan (perm, no rows gathered;
+  // group offsets multiples of 4) to the combine into a.out, at the bf16 cuBLAS path's
+  // intermediate precision: the token rows quantised once each and scattered to their experts'
+  // rows (e4m3, per-expert packed 1 x 128 scales), gate_up written in bf16, SiLU-mul rounded to
+  // bf16 and quantised in one pass, down written in bf16, the combine reading bf16. false
+  // (nothing launched): cuBLASLt or the layout does not take every busy expert's two GEMMs.
+  bool RoutedExpertsFp8W8A8(const RoutedExpertsArgs& a, const MoePermutation& perm);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);

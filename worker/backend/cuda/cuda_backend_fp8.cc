@@ -4,7 +4,6 @@
 // dense MLP (kernels/moe/moe_decode_fused_fp8.h).
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -300,26 +299,12 @@ void CudaBackend::ExpertGemmsFp8PerExpert(const RoutedExpertsArgs& a, const int3
   CopyToHost(a.down_scales, E * sizeof(float*), dn_scales.data());
   auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
   auto act = AllocateScratch(rows * I * sizeof(float));
-  // Each expert's rows and its padding rows up to the permutation's row alignment (4: whole
-  // groups for cuBLASLt; a padding row's result is never combined).
-  auto weight = [&](bool down, int32_t e) {
-    return down
-               ? WeightView(a.down_host[e], Fp8BlockScales{dn_scales[e], a.down_scale_ld, 0})
-               : WeightView(a.gate_up_host[e], Fp8BlockScales{gu_scales[e], a.gate_up_scale_ld, I});
-  };
   const int64_t used = host_offsets[E];
-  if (ExpertGemmsFp8W8A8(a, offsets, host_offsets, permuted, gate_up->as<float>(), false, weight)) {
-    Check(kernels::SiluMulF32(used, I, gate_up->as<float>(), act->as<float>(), stream_),
-          "kernels::SiluMulF32");
-    if (ExpertGemmsFp8W8A8(a, offsets, host_offsets, act->as<float>(), expert_out, true, weight)) {
-      return;
-    }
-  }
-  // Without the W8A8 GEMM: each expert's rows through Gemm's FP8 paths.
   for (int32_t e = 0; e < E; ++e) {
     const int64_t r0 = host_offsets[e], m = host_offsets[e + 1] - host_offsets[e];
     if (m <= 0) continue;
-    GemmFp8(m, 2 * I, H, permuted + r0 * H, H, weight(false, e), H,
+    GemmFp8(m, 2 * I, H, permuted + r0 * H, H,
+            WeightView(a.gate_up_host[e], Fp8BlockScales{gu_scales[e], a.gate_up_scale_ld, I}), H,
             gate_up->as<float>() + r0 * 2 * I, 2 * I, false);
   }
   Check(kernels::SiluMulF32(used, I, gate_up->as<float>(), act->as<float>(), stream_),
@@ -327,61 +312,115 @@ void CudaBackend::ExpertGemmsFp8PerExpert(const RoutedExpertsArgs& a, const int3
   for (int32_t e = 0; e < E; ++e) {
     const int64_t r0 = host_offsets[e], m = host_offsets[e + 1] - host_offsets[e];
     if (m <= 0) continue;
-    GemmFp8(m, H, I, act->as<float>() + r0 * I, I, weight(true, e), I, expert_out + r0 * H, H,
-            false);
+    GemmFp8(m, H, I, act->as<float>() + r0 * I, I,
+            WeightView(a.down_host[e], Fp8BlockScales{dn_scales[e], a.down_scale_ld, 0}), I,
+            expert_out + r0 * H, H, false);
   }
 }
 
-bool CudaBackend::ExpertGemmsFp8W8A8(const RoutedExpertsArgs& a, const int32_t* offsets,
-                                     const std::vector<int32_t>& host_offsets, const float* x,
-                                     float* y, bool down,
-                                     const std::function<WeightView(bool, int32_t)>& weight) {
-  const int64_t H = a.hidden_size, I = a.inter;
+bool CudaBackend::RoutedExpertsFp8W8A8(const RoutedExpertsArgs& a, const MoePermutation& perm) {
+  const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
-  const int64_t n = down ? H : 2 * I, k = down ? I : H;
-  if (lt_fp8_ == nullptr || k % 16 != 0 ||
-      (down ? a.down_scale_ld : a.gate_up_scale_ld) != kernels::Fp8ScaleLd(k)) {
+  if (lt_fp8_ == nullptr || H % 16 != 0 || I % 16 != 0 || !Aligned16(a.hidden) ||
+      a.gate_up_scale_ld != kernels::Fp8ScaleLd(H) || a.down_scale_ld != kernels::Fp8ScaleLd(I)) {
     return false;
   }
-  const int64_t used = host_offsets[E], blocks = kernels::Fp8ScaleCols(k);
-  // Every busy expert's GEMM must be available before any runs (or the caller's other path
-  // redoes them all).
-  std::vector<std::pair<int64_t, Fp8LtGemm>> gemms;  // (first row, GEMM)
+  const int32_t* offsets = perm.plan->as<int32_t>() + E;
+  std::vector<int32_t> host_offsets(E + 1);
+  std::vector<const float*> gu_scales(E), dn_scales(E);
+  {
+    PhaseTimer phase(this, "RoutedExpertsFp8PerExpert/plan_to_host", true);
+    CopyToHost(offsets, (E + 1) * sizeof(int32_t), host_offsets.data());
+    CopyToHost(a.gate_up_scales, E * sizeof(float*), gu_scales.data());
+    CopyToHost(a.down_scales, E * sizeof(float*), dn_scales.data());
+  }
+  const int64_t used = host_offsets[E], h_blocks = kernels::Fp8ScaleCols(H),
+                i_blocks = kernels::Fp8ScaleCols(I);
+  // Every busy expert's two GEMMs must be available before any runs (or the caller's other path
+  // redoes them all). Both write bf16, as the bf16 experts' cuBLAS GEMMs.
+  std::vector<std::pair<int64_t, Fp8LtGemm>> gate_ups, downs;  // (first row, GEMM)
   for (int32_t e = 0; e < E; ++e) {
     const int64_t r0 = host_offsets[e], m = host_offsets[e + 1] - host_offsets[e];
     if (m <= 0) continue;
-    const WeightView w = weight(down, e);
     Fp8LtGemm g;
-    g.m = m, g.n = n, g.k = k, g.ldq = k;
-    g.w.data = static_cast<const uint8_t*>(w.data), g.w.ldw = k;
-    g.w.scales = w.fp8.scales, g.w.scale_ld = w.fp8.scale_ld, g.w.split_rows = w.fp8.split_rows;
-    g.d = y + r0 * n, g.ldd = n;
-    auto ready = lt_fp8_->Ready(g);
-    if (!Record(ready.status())) return true;
-    if (!*ready) return false;
-    gemms.emplace_back(r0, g);
-  }
-  PhaseTimer phase(
-      this, down ? "RoutedExpertsFp8PerExpert/w8a8-down" : "RoutedExpertsFp8PerExpert/w8a8-gate_up",
-      true);
-  auto q = AllocateScratch(std::max<int64_t>(1, used * k));
-  auto q_scales = AllocateScratch(std::max<int64_t>(1, used * blocks) * sizeof(float));
-  kernels::Fp8QuantizeParams qp;
-  qp.m = used, qp.k = k, qp.a = x, qp.lda = k;
-  qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = used;
-  qp.group_offsets = offsets, qp.num_groups = E;
-  Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(experts)");
-  for (auto& [r0, g] : gemms) {
-    g.q = q->as<uint8_t>() + r0 * k;
-    g.q_scales = q_scales->as<float>() + r0 * blocks;
-    auto ran = lt_fp8_->Run(g, stream_);
-    if (!Record(ran.status())) return true;
-    if (!*ran) {
-      Record(absl::InternalError(
-          "CudaBackend::RoutedExperts: cuBLASLt refused an FP8 expert GEMM it had accepted"));
-      return true;
+    g.m = m, g.n = 2 * I, g.k = H, g.ldq = H, g.ldd = 2 * I, g.d_bf16 = true;
+    g.w.data = static_cast<const uint8_t*>(a.gate_up_host[e]), g.w.ldw = H;
+    g.w.scales = gu_scales[e], g.w.scale_ld = a.gate_up_scale_ld, g.w.split_rows = I;
+    Fp8LtGemm d;
+    d.m = m, d.n = H, d.k = I, d.ldq = I, d.ldd = H, d.d_bf16 = true;
+    d.w.data = static_cast<const uint8_t*>(a.down_host[e]), d.w.ldw = I;
+    d.w.scales = dn_scales[e], d.w.scale_ld = a.down_scale_ld, d.w.split_rows = 0;
+    for (const Fp8LtGemm* x : {&g, &d}) {
+      auto ready = lt_fp8_->Ready(*x);
+      if (!Record(ready.status())) return true;
+      if (!*ready) return false;
     }
+    gate_ups.emplace_back(r0, g);
+    downs.emplace_back(r0, d);
   }
+  const int64_t alloc_rows = std::max<int64_t>(1, used);
+  auto q = AllocateScratch(alloc_rows * std::max(H, I));
+  auto q_scales = AllocateScratch(alloc_rows * std::max(h_blocks, i_blocks) * sizeof(float));
+  auto gate_up = AllocateScratch(alloc_rows * 2 * I * sizeof(uint16_t));
+  auto expert_out = AllocateScratch(alloc_rows * H * sizeof(uint16_t));
+  // One expert GEMM a busy expert, its rows' operands at their group's place.
+  auto run = [&](std::vector<std::pair<int64_t, Fp8LtGemm>>& gemms, int64_t k, int64_t blocks,
+                 void* d) {
+    for (auto& [r0, g] : gemms) {
+      g.q = q->as<uint8_t>() + r0 * k;
+      g.q_scales = q_scales->as<float>() + r0 * blocks;
+      g.d = static_cast<uint16_t*>(d) + r0 * g.n;
+      auto ran = lt_fp8_->Run(g, stream_);
+      if (!Record(ran.status())) return;
+      if (!*ran) {
+        Record(absl::InternalError(
+            "CudaBackend::RoutedExperts: cuBLASLt refused an FP8 expert GEMM it had accepted"));
+        return;
+      }
+    }
+  };
+  kernels::Fp8QuantizeParams qp;
+  qp.q = q->as<uint8_t>();
+  qp.scales = q_scales->as<float>();
+  qp.group_offsets = offsets;
+  qp.num_groups = E;
+  {
+    // Each token row quantised once, written to its top-k experts' rows (the rows' values are
+    // those a gather then a quantisation would give; a group's padding rows stay unwritten, and
+    // their GEMM results are never combined).
+    PhaseTimer phase(this, "RoutedExpertsFp8PerExpert/quantize_permute", true);
+    qp.m = T, qp.k = H, qp.a = a.hidden, qp.lda = H, qp.ldq = H, qp.m_pad = T;
+    qp.dest_rows = perm.choice_row->as<int32_t>();
+    qp.dests_per_row = static_cast<int32_t>(K);
+    Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(permute)");
+  }
+  {
+    PhaseTimer phase(this, "RoutedExpertsFp8PerExpert/w8a8-gate_up", true);
+    run(gate_ups, H, h_blocks, gate_up->data());
+  }
+  {
+    // SiLU-mul rounded to bf16 (SiluMulBf16's values) and quantised for down in one pass.
+    PhaseTimer phase(this, "RoutedExpertsFp8PerExpert/silu_mul_quantize", true);
+    qp.m = used, qp.k = I, qp.a = gate_up->data(), qp.a_bf16 = true, qp.silu_mul = true;
+    qp.lda = 2 * I, qp.ldq = I, qp.m_pad = used;
+    qp.dest_rows = nullptr, qp.dests_per_row = 0;
+    Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(silu_mul)");
+  }
+  {
+    PhaseTimer phase(this, "RoutedExpertsFp8PerExpert/w8a8-down", true);
+    run(downs, I, i_blocks, expert_out->data());
+  }
+  PhaseTimer phase(this, "RoutedExpertsFp8PerExpert/combine", true);
+  kernels::MoeCombineParams c;
+  c.num_tokens = static_cast<int32_t>(T);
+  c.top_k = static_cast<int32_t>(K);
+  c.hidden_size = H;
+  c.choice_row = perm.choice_row->as<int32_t>();
+  c.topk_weights = a.topk_weights;
+  c.expert_out_bf16 = expert_out->as<uint16_t>();
+  c.accumulate = false;
+  c.out = a.out;
+  Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
   return true;
 }
 
@@ -421,8 +460,16 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
     return true;
   }
   // The permutation of RoutedExperts (rows grouped by expert on the device), the expert GEMMs,
-  // the combine.
-  const MoePermutation perm = PermuteRoutedRows(a, rows, row_align, /*bf16=*/mma);
+  // the combine. Prefill on cuBLASLt quantises the token rows itself: the plan only, then.
+  if (per_expert) {
+    MoePermutation plan;
+    {
+      PhaseTimer phase(this, "RoutedExpertsFp8PerExpert/permute_plan", true);
+      plan = PermuteRoutedRows(a, rows, row_align, /*bf16=*/false, /*gather=*/false);
+    }
+    if (RoutedExpertsFp8W8A8(a, plan)) return true;
+  }
+  const MoePermutation perm = PermuteRoutedRows(a, rows, row_align, /*bf16=*/mma, /*gather=*/true);
   auto expert_out = AllocateScratch(rows * H * sizeof(float));
   if (per_expert) {
     ExpertGemmsFp8PerExpert(a, perm.plan->as<int32_t>() + E, rows, perm.permuted->as<float>(),

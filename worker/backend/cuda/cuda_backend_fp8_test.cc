@@ -438,12 +438,22 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
                                                         : "RoutedExpertsFp8";
       EXPECT_EQ(CallsOf(report, op), 1) << report;
     }
-    const std::vector<float> got = Download(*out);
     // The per-expert path is W8A8 for every expert on compute capability 9.0 (one cuBLASLt GEMM
     // per expert), else each expert's rows (padded to 4) on the tensor-core kernel.
-    auto numerics_of = [&](int32_t) {
-      return per_expert && W8A8Device() ? Numerics::kW8A8 : Numerics::kW8A16;
-    };
+    const bool w8a8 = per_expert && W8A8Device();
+    if (w8a8) {
+      for (const char* phase :
+           {"RoutedExpertsFp8PerExpert/quantize_permute", "RoutedExpertsFp8PerExpert/w8a8-gate_up",
+            "RoutedExpertsFp8PerExpert/silu_mul_quantize", "RoutedExpertsFp8PerExpert/w8a8-down",
+            "RoutedExpertsFp8PerExpert/combine"}) {
+        EXPECT_EQ(CallsOf(report, phase), 1) << phase << "\n" << report;
+      }
+    }
+    const std::vector<float> got = Download(*out);
+    auto numerics_of = [&](int32_t) { return w8a8 ? Numerics::kW8A8 : Numerics::kW8A16; };
+    // The W8A8 path keeps the bf16 experts' intermediate precision: gate_up, the SiLU-mul product
+    // and down's output each rounded to bf16 (half an ulp: 2^-9 relative; 2^-8 allowed).
+    const double bf16_step = w8a8 ? std::ldexp(1.0, -8) : 0.0;
 
     for (int64_t t = 0; t < T; ++t) {
       std::vector<double> want(H, 0.0), tol(H, 0.0);
@@ -462,10 +472,13 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
         for (int64_t i = 0; i < I; ++i) {
           const double gate = g[i], up = g[I + i];
           const double sg = gate / (1.0 + std::exp(-gate));
-          const double dg = Bound(numerics, H, gmag[i], gate);
-          const double du = Bound(numerics, H, gmag[I + i], up);
+          const double bg = Bound(numerics, H, gmag[i], gate),
+                       bu = Bound(numerics, H, gmag[I + i], up);
+          const double dg = bg + bf16_step * (std::abs(gate) + bg);
+          const double du = bu + bf16_step * (std::abs(up) + bu);
           act[i] = static_cast<float>(sg * up);
-          dact[i] = 1.1 * dg * (std::abs(up) + du) + std::abs(sg) * du;
+          const double dact_product = 1.1 * dg * (std::abs(up) + du) + std::abs(sg) * du;
+          dact[i] = dact_product + bf16_step * (std::abs(sg * up) + dact_product);
           act_max = std::max(act_max, std::abs(static_cast<double>(act[i])));
           dact_max = std::max(dact_max, dact[i]);
         }
@@ -484,7 +497,9 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
               numerics == Numerics::kW8A8 && act_max > 0 ? dact_max / act_max * ymag[h] : 0.0;
           want[h] += wts[t * K + k] * y[h];
           tol[h] += wts[t * K + k] *
-                    (2 * step * largest + carried + rescaled + Bound(numerics, I, ymag[h], y[h]));
+                    (2 * step * largest + carried + rescaled + Bound(numerics, I, ymag[h], y[h]) +
+                     bf16_step * (std::abs(y[h]) + 2 * step * largest + carried + rescaled +
+                                  Bound(numerics, I, ymag[h], y[h])));
         }
       }
       for (int64_t h = 0; h < H; ++h) {

@@ -125,7 +125,8 @@ void CudaBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t 
 }
 
 CudaBackend::MoePermutation CudaBackend::PermuteRoutedRows(const RoutedExpertsArgs& a, int64_t rows,
-                                                           int32_t row_align, bool bf16) {
+                                                           int32_t row_align, bool bf16,
+                                                           bool gather) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size;
   const int32_t E = a.num_experts;
   MoePermutation m;
@@ -133,7 +134,7 @@ CudaBackend::MoePermutation CudaBackend::PermuteRoutedRows(const RoutedExpertsAr
   m.plan = Allocate((2 * E + 1) * sizeof(int32_t));
   m.choice_row = AllocateScratch(std::max<int64_t>(1, T * K) * sizeof(int32_t));
   m.row_token = AllocateScratch(rows * sizeof(int32_t));
-  m.permuted = AllocateScratch(rows * H * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+  if (gather) m.permuted = AllocateScratch(rows * H * (bf16 ? sizeof(uint16_t) : sizeof(float)));
   kernels::MoePermuteParams p;
   p.num_tokens = static_cast<int32_t>(T);
   p.top_k = static_cast<int32_t>(K);
@@ -141,15 +142,15 @@ CudaBackend::MoePermutation CudaBackend::PermuteRoutedRows(const RoutedExpertsAr
   p.num_slots = E;
   p.topk_ids = a.topk_ids;
   p.slot_of_expert = a.slot_of_expert;
-  p.hidden_size = H;
+  p.hidden_size = gather ? H : 0;  // 0: the plan only
   p.hidden = a.hidden;
   p.slot_counts = m.plan->as<int32_t>();
   p.slot_offsets = m.plan->as<int32_t>() + E;
   p.choice_row = m.choice_row->as<int32_t>();
   p.row_token = m.row_token->as<int32_t>();
-  if (bf16) {
+  if (gather && bf16) {
     p.permuted_hidden_bf16 = m.permuted->as<uint16_t>();
-  } else {
+  } else if (gather) {
     p.permuted_hidden = m.permuted->as<float>();
   }
   p.row_align = row_align;
@@ -216,7 +217,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   MoePermutation perm;
   {
     PhaseTimer phase(this, "RoutedExpertsCublas/permute", !device_grouped);
-    perm = PermuteRoutedRows(a, rows, row_align, gather_bf16);
+    perm = PermuteRoutedRows(a, rows, row_align, gather_bf16, /*gather=*/true);
   }
 
   // The cuBLAS path with bf16 weights: gate_up and down write bf16 (as a bf16 PyTorch model

@@ -95,7 +95,8 @@ bool CudaBackend::RoutedExpertsMxfp4(const RoutedExpertsArgs& a) {
                                                 K, " is beyond int range for the expert GEMMs")));
     return true;
   }
-  const MoePermutation perm = PermuteRoutedRows(a, rows, /*row_align=*/1, /*bf16=*/true);
+  const MoePermutation perm = PermuteRoutedRows(a, rows, /*row_align=*/1, /*bf16=*/true,
+                                                /*gather=*/true);
   auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
   kernels::Mxfp4MmaGroupedGemmParams g;
   g.num_groups = E;
