@@ -1,11 +1,11 @@
-#include "kernels/gemm/fp8_wgmma_gemm.h"
-
 #include <cuda.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
+
+#include "kernels/gemm/fp8_wgmma_gemm.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -15,11 +15,11 @@ constexpr int kBlockM = 128;
 constexpr int kBlockN = 128;
 constexpr int kBlockK = 128;  // bytes of e4m3: one 128-byte swizzle row
 constexpr int kStages = kFp8WgmmaStages;
-constexpr int kThreads = 384;  // warpgroups 0, 1: consumers; 2: producer
+constexpr int kThreads = 384;                  // warpgroups 0, 1: consumers; 2: producer
 constexpr int kTileBytes = kBlockM * kBlockK;  // A and B tiles alike (kBlockN == kBlockM)
 constexpr int kStageBytes = 2 * kTileBytes;
-constexpr size_t kSmemBytes = 1024 /* alignment slack */ + size_t{kStages} * kStageBytes +
-                              2 * kStages * sizeof(uint64_t);
+constexpr size_t kSmemBytes =
+    1024 /* alignment slack */ + size_t{kStages} * kStageBytes + 2 * kStages * sizeof(uint64_t);
 static_assert(kBlockN == kBlockM, "A and B tiles share one size");
 
 // One 128-row tile of c: its rows row0 .. min(row0 + 128, row_end) - 1 (absolute rows of a and
@@ -38,9 +38,9 @@ struct KernelArgs {
   void* c = nullptr;
   int64_t ldc = 0;
   bool c_bf16 = false, accumulate = false;
-  WgmmaTile dense;                          // the dense form's tile, row0 set per CTA
-  const WgmmaTile* tiles = nullptr;         // grouped: one per blockIdx.y
-  const CUtensorMap* b_maps = nullptr;      // grouped: one per group (global memory)
+  WgmmaTile dense;                      // the dense form's tile, row0 set per CTA
+  const WgmmaTile* tiles = nullptr;     // grouped: one per blockIdx.y
+  const CUtensorMap* b_maps = nullptr;  // grouped: one per group (global memory)
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -93,9 +93,9 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
 __device__ __forceinline__ uint64_t SmemDesc(uint32_t addr) {
   uint64_t d = 0;
   d |= static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
-  d |= static_cast<uint64_t>(1) << 16;             // leading byte offset (>> 4)
-  d |= static_cast<uint64_t>(1024 >> 4) << 32;     // stride byte offset (>> 4)
-  d |= static_cast<uint64_t>(1) << 62;             // 128-byte swizzle
+  d |= static_cast<uint64_t>(1) << 16;          // leading byte offset (>> 4)
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;  // stride byte offset (>> 4)
+  d |= static_cast<uint64_t>(1) << 62;          // 128-byte swizzle
   return d;
 }
 
@@ -126,15 +126,14 @@ __device__ __forceinline__ void WgmmaM64N128K32(float* d, uint64_t desc_a, uint6
       "%64, %65, p, 1, 1;\n\t}"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
-        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
-        "+f"(d[62]), "+f"(d[63])
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
@@ -336,9 +335,7 @@ cudaError_t Launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const Ker
   return cudaGetLastError();
 }
 
-bool Aligned(const void* p, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
+bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 constexpr int64_t kInt32Max = 2147483647;
 
@@ -355,6 +352,7 @@ bool OutputOk(const void* c, int64_t ldc, int64_t n, bool c_bf16, bool accumulat
 }
 
 constexpr int64_t kMaxGroups = 1 << 16;
+constexpr int64_t kMaxGridY = 65535;  // one 128-row tile per blockIdx.y
 
 }  // namespace
 
@@ -376,10 +374,9 @@ bool Fp8WgmmaDeviceSupports() {
 
 bool Fp8WgmmaGemmSupports(const Fp8WgmmaGemmParams& p) {
   if (p.m < 1 || p.n < 1 || p.k < 1 || p.m > kInt32Max || p.n > kInt32Max || p.k > kInt32Max ||
-      p.k % kBlockK != 0 || p.a == nullptr || !Aligned(p.a, 16) || p.lda < p.k ||
-      p.lda % 16 != 0 || p.a_scales == nullptr || p.a_scale_ld < p.m ||
-      p.a_scale_ld > kInt32Max || !WeightOk(p.w, p.n, p.k) ||
-      !OutputOk(p.c, p.ldc, p.n, p.c_bf16, p.accumulate)) {
+      p.k % kBlockK != 0 || p.a == nullptr || !Aligned(p.a, 16) || p.lda < p.k || p.lda % 16 != 0 ||
+      p.a_scales == nullptr || p.a_scale_ld < p.m || p.a_scale_ld > kInt32Max ||
+      !WeightOk(p.w, p.n, p.k) || !OutputOk(p.c, p.ldc, p.n, p.c_bf16, p.accumulate)) {
     return false;
   }
   return Fp8WgmmaDeviceSupports();
@@ -423,25 +420,24 @@ size_t MapsBytes(int32_t num_groups) { return size_t(num_groups) * sizeof(CUtens
 
 size_t Fp8WgmmaGroupedWorkspaceBytes(int32_t num_groups, const int32_t* host_offsets) {
   if (num_groups < 1 || host_offsets == nullptr) return 0;
-  return MapsBytes(num_groups) +
-         size_t(GroupedTiles(num_groups, host_offsets)) * sizeof(WgmmaTile);
+  return MapsBytes(num_groups) + size_t(GroupedTiles(num_groups, host_offsets)) * sizeof(WgmmaTile);
 }
 
 bool Fp8WgmmaGroupedGemmSupports(const Fp8WgmmaGroupedGemmParams& p) {
   if (p.num_groups < 1 || p.num_groups > kMaxGroups || p.host_offsets == nullptr ||
       p.weights == nullptr || p.n < 1 || p.k < 1 || p.n > kInt32Max || p.k > kInt32Max ||
-      p.k % kBlockK != 0 || p.a == nullptr || !Aligned(p.a, 16) || p.lda < p.k ||
-      p.lda % 16 != 0 || p.a_scales == nullptr || p.workspace == nullptr ||
-      !Aligned(p.workspace, 64) || !OutputOk(p.c, p.ldc, p.n, p.c_bf16, false) ||
-      p.host_offsets[0] != 0) {
+      p.k % kBlockK != 0 || p.a == nullptr || !Aligned(p.a, 16) || p.lda < p.k || p.lda % 16 != 0 ||
+      p.a_scales == nullptr || p.workspace == nullptr || !Aligned(p.workspace, 64) ||
+      !OutputOk(p.c, p.ldc, p.n, p.c_bf16, false) || p.host_offsets[0] != 0) {
     return false;
   }
   for (int32_t g = 0; g < p.num_groups; ++g) {
-    if (p.host_offsets[g + 1] < p.host_offsets[g] || !WeightOk(p.weights[g], p.n, p.k) ||
-        p.weights[g].split_rows != p.weights[0].split_rows) {
+    if (p.host_offsets[g + 1] < p.host_offsets[g] || p.host_offsets[g + 1] > kInt32Max ||
+        !WeightOk(p.weights[g], p.n, p.k) || p.weights[g].split_rows != p.weights[0].split_rows) {
       return false;
     }
   }
+  if (GroupedTiles(p.num_groups, p.host_offsets) > kMaxGridY) return false;
   return Fp8WgmmaDeviceSupports();
 }
 
@@ -451,7 +447,6 @@ cudaError_t Fp8WgmmaGroupedGemm(const Fp8WgmmaGroupedGemmParams& p, cudaStream_t
   const int32_t rows = p.host_offsets[G];
   const int64_t tiles = GroupedTiles(G, p.host_offsets);
   if (tiles == 0) return cudaSuccess;
-  if (tiles > 65535) return cudaErrorInvalidValue;  // grid.y
   const int64_t blocks = Fp8ScaleCols(p.k);
   // The host image of the workspace: the groups' B maps, then the tiles.
   std::vector<uint8_t> host(Fp8WgmmaGroupedWorkspaceBytes(G, p.host_offsets));
@@ -487,8 +482,8 @@ cudaError_t Fp8WgmmaGroupedGemm(const Fp8WgmmaGroupedGemmParams& p, cudaStream_t
   args.split_rows = static_cast<int32_t>(p.weights[0].split_rows);
   args.c = p.c, args.ldc = p.ldc, args.c_bf16 = p.c_bf16, args.accumulate = false;
   args.b_maps = static_cast<const CUtensorMap*>(p.workspace);
-  args.tiles = reinterpret_cast<const WgmmaTile*>(static_cast<const uint8_t*>(p.workspace) +
-                                                  MapsBytes(G));
+  args.tiles =
+      reinterpret_cast<const WgmmaTile*>(static_cast<const uint8_t*>(p.workspace) + MapsBytes(G));
   // map_b is unused by the grouped kernel (each tile's group map is read from the workspace).
   return Launch<true>(map_a, maps[0], args, tiles, stream);
 }

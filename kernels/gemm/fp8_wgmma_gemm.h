@@ -47,7 +47,8 @@ struct Fp8WgmmaGemmParams {
   bool accumulate = false;
 };
 
-// Whether this device and binary run the kernel (compute capability 9.0 and the sm_90a image).
+// Whether this device and binary run the kernel (compute capability 9.0, the sm_90a image and
+// the driver's cuTensorMapEncodeTiled).
 bool Fp8WgmmaDeviceSupports();
 
 // Fp8WgmmaDeviceSupports and: m, n, k >= 1, m and n below 2^31, k a multiple of 128, a and
@@ -85,8 +86,9 @@ struct Fp8WgmmaGroupedGemmParams {
 };
 
 size_t Fp8WgmmaGroupedWorkspaceBytes(int32_t num_groups, const int32_t* host_offsets);
-// As Fp8WgmmaGemmSupports for every group's weight (all with the same split_rows rule), plus
-// valid offsets and a non-null workspace; num_groups >= 1.
+// As Fp8WgmmaGemmSupports for every group's weight (all with the same split_rows), plus valid
+// offsets, at most 65535 tiles of 128 rows over all groups, and a non-null workspace;
+// num_groups >= 1.
 bool Fp8WgmmaGroupedGemmSupports(const Fp8WgmmaGroupedGemmParams& p);
 cudaError_t Fp8WgmmaGroupedGemm(const Fp8WgmmaGroupedGemmParams& p, cudaStream_t stream);
 

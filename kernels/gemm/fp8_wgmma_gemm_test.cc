@@ -31,9 +31,9 @@ using testing::DeviceArray;
 
 constexpr double kUnit = 1.0 / 1024;
 
-#define SKIP_WITHOUT_WGMMA()                                                          \
-  do {                                                                                \
-    DEEPINFER_SKIP_WITHOUT_GPU();                                                     \
+#define SKIP_WITHOUT_WGMMA()                                                           \
+  do {                                                                                 \
+    DEEPINFER_SKIP_WITHOUT_GPU();                                                      \
     if (!Fp8WgmmaDeviceSupports()) GTEST_SKIP() << "no compute capability 9.0 device"; \
   } while (0)
 
@@ -52,8 +52,9 @@ void ExpectOutput(const std::vector<float>& got, int64_t ldc, const std::vector<
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       g[i * n + j] = got[i * ldc + j];
-      tol[i * n + j] = kUnit * mag[i * n + j] + (bf16 ? std::ldexp(std::abs(want[i * n + j]), -8)
-                                                      : std::ldexp(std::abs(want[i * n + j]), -23)) +
+      tol[i * n + j] = kUnit * mag[i * n + j] +
+                       (bf16 ? std::ldexp(std::abs(want[i * n + j]), -8)
+                             : std::ldexp(std::abs(want[i * n + j]), -23)) +
                        1e-30;
     }
   }
@@ -98,8 +99,8 @@ TEST_P(Fp8WgmmaDenseTest, MatchesW8A8ProductOnTheHost) {
   std::vector<double> x(m * k);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t p = 0; p < k; ++p) {
-      x[i * k + p] = static_cast<double>(F8E4M3ToFloat(a[i * lda + p])) *
-                     sa[(p / kFp8BlockSize) * m_pad + i];
+      x[i * k + p] =
+          static_cast<double>(F8E4M3ToFloat(a[i * lda + p])) * sa[(p / kFp8BlockSize) * m_pad + i];
     }
   }
   std::vector<double> want, mag;

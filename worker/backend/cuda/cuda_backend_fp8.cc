@@ -15,6 +15,7 @@
 #include "kernels/gemm/fp8_mma_gemm.h"
 #include "kernels/gemm/fp8_quantize.h"
 #include "kernels/gemm/fp8_tiled_gemm.h"
+#include "kernels/gemm/fp8_wgmma_gemm.h"
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/norm/rms_norm.h"
@@ -51,6 +52,10 @@ std::unique_ptr<DeviceBuffer> CudaBackend::DequantizeToBf16(const WeightView& w,
 bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                               const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
                               bool accumulate, const char* phase_name) {
+  if (tuning_.fp8_wgmma &&
+      GemmFp8Wgmma(m, n, k, a, lda, w, ldw, c, ldc, c_bf16, accumulate, phase_name)) {
+    return true;
+  }
   const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
   const int64_t a_elem = a_bf16 ? 2 : 4;
   if (lt_fp8_ == nullptr || m < 1 || k < 16 || k % 16 != 0 || (lda * a_elem) % 16 != 0 ||
@@ -101,6 +106,32 @@ bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a,
                               stream_),
           "kernels::AddRowsF32");
   }
+  return true;
+}
+
+bool CudaBackend::GemmFp8Wgmma(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
+                               const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
+                               bool accumulate, const char* phase_name) {
+  const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
+  const int64_t a_elem = a_bf16 ? 2 : 4;
+  if (m < 1 || k % 16 != 0 || (lda * a_elem) % 16 != 0 || !Aligned16(a.data)) return false;
+  kernels::Fp8WgmmaGemmParams p;
+  p.m = m, p.n = n, p.k = k, p.lda = k, p.a_scale_ld = m;
+  p.w = Fp8Weight(w, ldw);
+  p.c = c, p.ldc = ldc, p.c_bf16 = c_bf16, p.accumulate = accumulate;
+  // The layout checked before any scratch is taken (the scratch is 16-byte aligned).
+  static const float kProbe[4] = {};
+  p.a = reinterpret_cast<const uint8_t*>(kProbe), p.a_scales = kProbe;
+  if (!kernels::Fp8WgmmaGemmSupports(p)) return false;
+  PhaseTimer phase(this, phase_name, true);
+  auto q = AllocateScratch(m * k);
+  auto q_scales = AllocateScratch(kernels::Fp8ScaleCols(k) * m * sizeof(float));
+  kernels::Fp8QuantizeParams qp;
+  qp.m = m, qp.k = k, qp.a = a.data, qp.a_bf16 = a_bf16, qp.lda = lda;
+  qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = m;
+  Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows");
+  p.a = q->as<uint8_t>(), p.a_scales = q_scales->as<float>();
+  Check(kernels::Fp8WgmmaGemm(p, stream_), "kernels::Fp8WgmmaGemm");
   return true;
 }
 
@@ -336,6 +367,9 @@ bool CudaBackend::ExpertGemmsFp8W8A8(const RoutedExpertsArgs& a, const int32_t* 
                                      const std::vector<int32_t>& host_offsets, const float* x,
                                      float* y, bool down,
                                      const std::function<WeightView(bool, int32_t)>& weight) {
+  if (tuning_.fp8_wgmma && ExpertGemmsFp8Wgmma(a, offsets, host_offsets, x, y, down, weight)) {
+    return true;
+  }
   const int64_t H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
   const int64_t n = down ? H : 2 * I, k = down ? I : H;
@@ -382,6 +416,43 @@ bool CudaBackend::ExpertGemmsFp8W8A8(const RoutedExpertsArgs& a, const int32_t* 
       return true;
     }
   }
+  return true;
+}
+
+bool CudaBackend::ExpertGemmsFp8Wgmma(const RoutedExpertsArgs& a, const int32_t* offsets,
+                                      const std::vector<int32_t>& host_offsets, const float* x,
+                                      float* y, bool down,
+                                      const std::function<WeightView(bool, int32_t)>& weight) {
+  const int64_t H = a.hidden_size, I = a.inter;
+  const int32_t E = a.num_experts;
+  const int64_t n = down ? H : 2 * I, k = down ? I : H;
+  const int64_t used = host_offsets[E], blocks = kernels::Fp8ScaleCols(k);
+  if (used < 1 || k % 16 != 0) return false;
+  std::vector<kernels::Fp8BlockWeight> weights(E);
+  for (int32_t e = 0; e < E; ++e) weights[e] = Fp8Weight(weight(down, e), k);
+  kernels::Fp8WgmmaGroupedGemmParams p;
+  p.num_groups = E, p.host_offsets = host_offsets.data(), p.n = n, p.k = k, p.lda = k;
+  p.weights = weights.data();
+  p.c = y, p.ldc = n;
+  // The layout checked before any scratch is taken (the scratch is 64-byte aligned).
+  alignas(64) static const float kProbe[16] = {};
+  p.a = reinterpret_cast<const uint8_t*>(kProbe), p.a_scales = kProbe;
+  p.workspace = const_cast<float*>(kProbe);
+  if (!kernels::Fp8WgmmaGroupedGemmSupports(p)) return false;
+  PhaseTimer phase(
+      this,
+      down ? "RoutedExpertsFp8PerExpert/wgmma-down" : "RoutedExpertsFp8PerExpert/wgmma-gate_up",
+      true);
+  auto q = AllocateScratch(used * k);
+  auto q_scales = AllocateScratch(used * blocks * sizeof(float));
+  auto workspace = AllocateScratch(kernels::Fp8WgmmaGroupedWorkspaceBytes(E, host_offsets.data()));
+  kernels::Fp8QuantizeParams qp;
+  qp.m = used, qp.k = k, qp.a = x, qp.lda = k;
+  qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = used;
+  qp.group_offsets = offsets, qp.num_groups = E;
+  Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(experts)");
+  p.a = q->as<uint8_t>(), p.a_scales = q_scales->as<float>(), p.workspace = workspace->data();
+  Check(kernels::Fp8WgmmaGroupedGemm(p, stream_), "kernels::Fp8WgmmaGroupedGemm");
   return true;
 }
 

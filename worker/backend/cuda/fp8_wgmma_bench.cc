@@ -72,7 +72,8 @@ Weight MakeWeight(int64_t n, int64_t k, uint64_t seed) {
   w.scales = bench::Upload(s);
   std::vector<uint16_t> h(n * k);
   const std::vector<float> u = bench::Uniform(n * k, seed + 1);
-  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(0x3C00 + (u[i] > 0 ? 0 : 0x8000));
+  for (size_t i = 0; i < h.size(); ++i)
+    h[i] = static_cast<uint16_t>(0x3C00 + (u[i] > 0 ? 0 : 0x8000));
   w.w16 = bench::Upload(h);
   return w;
 }
@@ -105,8 +106,7 @@ class Bench {
     c_ = DeviceAlloc<float>(c_elems * 4);
   }
 
-  void CublasBf16(int64_t m, int64_t n, int64_t k, const uint16_t* w, const uint16_t* a,
-                  float* c) {
+  void CublasBf16(int64_t m, int64_t n, int64_t k, const uint16_t* w, const uint16_t* a, float* c) {
     const float alpha = 1.0f, beta = 0.0f;
     BENCH_BLAS(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
                             static_cast<int>(m), static_cast<int>(k), &alpha, w, CUDA_R_16BF,
@@ -141,20 +141,24 @@ class Bench {
     const Weight w = MakeWeight(s.n, s.k, s.n * 31 + s.k);
     for (int64_t m : ms) {
       const double bf16 = bench::MedianMs([&] {
-        CublasBf16(m, s.n, s.k, w.w16, a16_, c_);
-        return cudaSuccess;
-      }) * 1e3;
+                            CublasBf16(m, s.n, s.k, w.w16, a16_, c_);
+                            return cudaSuccess;
+                          }) *
+                          1e3;
       bool lt_ok = true;
       const double lt = bench::MedianMs([&] {
-        lt_ok = Lt(m, s.n, s.k, a8_, sa_, w.View(s.k, s.split), c_) && lt_ok;
-        return cudaSuccess;
-      }) * 1e3;
+                          lt_ok = Lt(m, s.n, s.k, a8_, sa_, w.View(s.k, s.split), c_) && lt_ok;
+                          return cudaSuccess;
+                        }) *
+                        1e3;
       const double f32 = bench::MedianMs([&] {
-        return Wgmma(m, s.n, s.k, a8_, sa_, m, w.View(s.k, s.split), c_, false);
-      }) * 1e3;
+                           return Wgmma(m, s.n, s.k, a8_, sa_, m, w.View(s.k, s.split), c_, false);
+                         }) *
+                         1e3;
       const double b16 = bench::MedianMs([&] {
-        return Wgmma(m, s.n, s.k, a8_, sa_, m, w.View(s.k, s.split), c_, true);
-      }) * 1e3;
+                           return Wgmma(m, s.n, s.k, a8_, sa_, m, w.View(s.k, s.split), c_, true);
+                         }) *
+                         1e3;
       Print(s.name, m, s.n, s.k, bf16, lt_ok ? lt : -1, f32, b16);
     }
   }
@@ -170,23 +174,28 @@ class Bench {
     std::vector<int32_t> offsets(experts + 1);
     for (int32_t e = 0; e <= experts; ++e) offsets[e] = e * rows_each;
     const int64_t rows = offsets[experts], blocks = kernels::Fp8ScaleCols(s.k);
-    void* ws_dev = DeviceAlloc<void>(kernels::Fp8WgmmaGroupedWorkspaceBytes(experts, offsets.data()));
-    const double bf16 = bench::MedianMs([&] {
-      for (int32_t e = 0; e < experts; ++e) {
-        CublasBf16(rows_each, s.n, s.k, ws[e].w16, a16_ + int64_t{offsets[e]} * s.k,
-                   c_ + int64_t{offsets[e]} * s.n);
-      }
-      return cudaSuccess;
-    }) * 1e3;
+    void* ws_dev =
+        DeviceAlloc<void>(kernels::Fp8WgmmaGroupedWorkspaceBytes(experts, offsets.data()));
+    const double bf16 =
+        bench::MedianMs([&] {
+          for (int32_t e = 0; e < experts; ++e) {
+            CublasBf16(rows_each, s.n, s.k, ws[e].w16, a16_ + int64_t{offsets[e]} * s.k,
+                       c_ + int64_t{offsets[e]} * s.n);
+          }
+          return cudaSuccess;
+        }) *
+        1e3;
     bool lt_ok = true;
     const double lt = bench::MedianMs([&] {
-      for (int32_t e = 0; e < experts; ++e) {
-        lt_ok = Lt(rows_each, s.n, s.k, a8_ + int64_t{offsets[e]} * s.k,
-                   sa_ + int64_t{offsets[e]} * blocks, views[e], c_ + int64_t{offsets[e]} * s.n) &&
-                lt_ok;
-      }
-      return cudaSuccess;
-    }) * 1e3;
+                        for (int32_t e = 0; e < experts; ++e) {
+                          lt_ok = Lt(rows_each, s.n, s.k, a8_ + int64_t{offsets[e]} * s.k,
+                                     sa_ + int64_t{offsets[e]} * blocks, views[e],
+                                     c_ + int64_t{offsets[e]} * s.n) &&
+                                  lt_ok;
+                        }
+                        return cudaSuccess;
+                      }) *
+                      1e3;
     auto grouped = [&](bool bf16_out) {
       kernels::Fp8WgmmaGroupedGemmParams p;
       p.num_groups = experts, p.host_offsets = offsets.data(), p.n = s.n, p.k = s.k;
@@ -203,8 +212,7 @@ class Bench {
 
   static void Header() {
     std::printf("%-22s %6s %6s %6s | %-16s | %-16s | %-16s | %-16s | %6s %6s\n", "shape", "m", "n",
-                "k", "bf16 cublas", "fp8 cublasLt", "wgmma f32", "wgmma bf16", "x bf16",
-                "x lt");
+                "k", "bf16 cublas", "fp8 cublasLt", "wgmma f32", "wgmma bf16", "x bf16", "x lt");
     std::printf("%-22s %6s %6s %6s | %-16s | %-16s | %-16s | %-16s |\n", "", "", "", "",
                 "us TFLOP/s", "us TFLOP/s", "us TFLOP/s", "us TFLOP/s");
   }
