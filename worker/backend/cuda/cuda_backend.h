@@ -478,12 +478,13 @@ class CudaBackend : public Backend {
   bool GemmFp8Tiled(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                     const WeightView& w, int64_t ldw, float* c, int64_t ldc, bool accumulate);
   // Gemm's W8A8 path into c (fp32 [m, ldc], or bf16 with c_bf16: then c holds m rounded up to
-  // a multiple of 4 rows, the padding rows written), timed as the phase `phase_name`; false
+  // a multiple of 4 rows, the padding rows written), timed as the phase `phase_name`
+  // (`wgmma_phase_name` where GemmFp8Wgmma runs it); false
   // (nothing launched): not taken here (device, shape, layout, or cuBLASLt without an
   // algorithm), the caller takes another path.
   bool GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                    const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
-                   bool accumulate, const char* phase_name);
+                   bool accumulate, const char* phase_name, const char* wgmma_phase_name);
   // GemmFp8W8A8 on kernels::Fp8WgmmaGemm (CudaTuning::fp8_wgmma); c holds m rows. false (nothing
   // launched) where the kernel does not take the operands.
   bool GemmFp8Wgmma(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,

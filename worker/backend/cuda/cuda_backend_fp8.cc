@@ -51,9 +51,10 @@ std::unique_ptr<DeviceBuffer> CudaBackend::DequantizeToBf16(const WeightView& w,
 
 bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                               const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
-                              bool accumulate, const char* phase_name) {
+                              bool accumulate, const char* phase_name,
+                              const char* wgmma_phase_name) {
   if (tuning_.fp8_wgmma &&
-      GemmFp8Wgmma(m, n, k, a, lda, w, ldw, c, ldc, c_bf16, accumulate, phase_name)) {
+      GemmFp8Wgmma(m, n, k, a, lda, w, ldw, c, ldc, c_bf16, accumulate, wgmma_phase_name)) {
     return true;
   }
   const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
@@ -190,7 +191,8 @@ void CudaBackend::GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int
     return;
   }
   if (m >= tuning_.fp8_w8a8_min_rows &&
-      GemmFp8W8A8(m, n, k, a, lda, w, ldw, c, ldc, /*c_bf16=*/false, accumulate, "Gemm/fp8-w8a8")) {
+      GemmFp8W8A8(m, n, k, a, lda, w, ldw, c, ldc, /*c_bf16=*/false, accumulate, "Gemm/fp8-w8a8",
+                  "Gemm/fp8-wgmma")) {
     return;
   }
   if (m >= CudaTuningDefaults::kFp8TiledMinRows && m < tuning_.fp8_w8a8_min_rows &&
@@ -244,7 +246,8 @@ bool CudaBackend::GateUpSiluMulFp8(int64_t rows, int64_t inter, int64_t k, Activ
     // gate_up in bf16 (the epilogue's rounding, as the bf16 path), its rows padded to 4.
     auto gate_up = AllocateScratch(RoundUp4(rows) * 2 * inter * sizeof(uint16_t));
     if (GemmFp8W8A8(rows, 2 * inter, k, a, lda, w, ldw, gate_up->data(), 2 * inter,
-                    /*c_bf16=*/true, /*accumulate=*/false, "GateUpSiluMulBf16/fp8-w8a8")) {
+                    /*c_bf16=*/true, /*accumulate=*/false, "GateUpSiluMulBf16/fp8-w8a8",
+                    "GateUpSiluMulBf16/fp8-wgmma")) {
       Check(kernels::SiluMulBf16(rows, inter, gate_up->as<uint16_t>(), out, stream_),
             "kernels::SiluMulBf16");
       return true;
