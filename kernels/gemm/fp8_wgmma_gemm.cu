@@ -34,6 +34,7 @@ struct alignas(16) WgmmaTile {
 
 struct KernelArgs {
   int32_t n = 0, k_blocks = 0;
+  int32_t n_tiles = 0, num_tiles = 0;  // column tiles; all tiles (row tiles x n_tiles)
   int32_t split_rows = 0;
   void* c = nullptr;
   int64_t ldc = 0;
@@ -137,6 +138,43 @@ __device__ __forceinline__ void WgmmaM64N128K32(float* d, uint64_t desc_a, uint6
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// Row r (< 0: none) of a tile from the fragment's registers 4 i + 2 half + {0, 1}: pairs of
+// adjacent columns n0 + 8 i + 2 (lane % 4) + {0, 1}, those below n.
+__device__ __forceinline__ void StoreRow(const KernelArgs& args, const float* acc, int half,
+                                         int32_t r, int32_t n0, int lane) {
+  if (r < 0) return;
+  const int32_t n = args.n;
+  const int64_t row_off = static_cast<int64_t>(r) * args.ldc;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int32_t col = n0 + 8 * i + 2 * (lane % 4);
+    if (col >= n) continue;
+    const float v0 = acc[4 * i + 2 * half], v1 = acc[4 * i + 2 * half + 1];
+    const bool pair = col + 1 < n;
+    if (args.c_bf16) {
+      __nv_bfloat16* c = static_cast<__nv_bfloat16*>(args.c) + row_off + col;
+      if (pair) {
+        *reinterpret_cast<__nv_bfloat162*>(c) = __floats2bfloat162_rn(v0, v1);
+      } else {
+        *c = __float2bfloat16_rn(v0);
+      }
+    } else {
+      float* c = static_cast<float*>(args.c) + row_off + col;
+      if (pair) {
+        float2 v = make_float2(v0, v1);
+        if (args.accumulate) {
+          const float2 old = *reinterpret_cast<const float2*>(c);
+          v.x += old.x;
+          v.y += old.y;
+        }
+        *reinterpret_cast<float2*>(c) = v;
+      } else {
+        *c = args.accumulate ? *c + v0 : v0;
+      }
+    }
+  }
+}
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <bool kGrouped>
@@ -153,15 +191,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto a_tile = [&](int s) { return base + s * kStageBytes; };
   auto b_tile = [&](int s) { return base + s * kStageBytes + kTileBytes; };
 
-  WgmmaTile tile;
-  if constexpr (kGrouped) {
-    tile = args.tiles[blockIdx.y];
-  } else {
-    tile = args.dense;
-    tile.row0 = blockIdx.y * kBlockM;
-  }
-  const int32_t n0 = blockIdx.x * kBlockN;
   const int k_blocks = args.k_blocks;
+  // Tile t of the persistent loop: row tile t / n_tiles, column tile t % n_tiles (the CTAs at
+  // work at one time share a few row tiles of a and sweep w).
+  auto tile_of = [&](int32_t t, int32_t* n0) {
+    *n0 = (t % args.n_tiles) * kBlockN;
+    const int32_t mt = t / args.n_tiles;
+    WgmmaTile tile;
+    if constexpr (kGrouped) {
+      tile = args.tiles[mt];
+    } else {
+      tile = args.dense;
+      tile.row0 = mt * kBlockM;
+    }
+    return tile;
+  };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -169,119 +213,94 @@ __global__ void __launch_bounds__(kThreads, 1)
       MbarInit(empty_bar + 8 * s, 256);  // every consumer thread
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 2) {
-    // Producer: one thread issues every TMA load.
+    // Producer: one thread issues every TMA load, running ahead across tiles by up to the ring.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x == 256) {
-      const CUtensorMap* mb = &map_b;
-      if constexpr (kGrouped) {
-        mb = args.b_maps + tile.group;
-        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
-                         reinterpret_cast<uint64_t>(mb))
-                     : "memory");
-      }
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        const int s = kb % kStages;
-        const uint32_t phase = (kb / kStages) & 1;
-        MbarWait(empty_bar + 8 * s, phase ^ 1);
-        // Out-of-bounds rows are zero-filled and still count towards the transaction bytes.
-        MbarArriveExpectTx(full_bar + 8 * s, kStageBytes);
-        TmaLoad2d(a_tile(s), &map_a, kb * kBlockK, tile.row0, full_bar + 8 * s);
-        TmaLoad2d(b_tile(s), mb, kb * kBlockK, n0, full_bar + 8 * s);
+      uint32_t it = 0;  // k blocks loaded so far: stage it % kStages, round it / kStages
+      for (int32_t t = blockIdx.x; t < args.num_tiles; t += gridDim.x) {
+        int32_t n0;
+        const WgmmaTile tile = tile_of(t, &n0);
+        const CUtensorMap* mb = &map_b;
+        if constexpr (kGrouped) {
+          mb = args.b_maps + tile.group;
+          asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
+                           reinterpret_cast<uint64_t>(mb))
+                       : "memory");
+        }
+        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+          const uint32_t s = it % kStages, phase = (it / kStages) & 1;
+          MbarWait(empty_bar + 8 * s, phase ^ 1);
+          // Out-of-bounds rows are zero-filled and still count towards the transaction bytes.
+          MbarArriveExpectTx(full_bar + 8 * s, kStageBytes);
+          TmaLoad2d(a_tile(s), &map_a, kb * kBlockK, tile.row0, full_bar + 8 * s);
+          TmaLoad2d(b_tile(s), mb, kb * kBlockK, n0, full_bar + 8 * s);
+        }
       }
     }
     return;
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-  // Consumer warpgroup `warpgroup`: rows warpgroup * 64 .. + 63 of the tile. wgmma's fragment:
+  // Consumer warpgroup `warpgroup`: rows warpgroup * 64 .. + 63 of each tile. wgmma's fragment:
   // register 4 i + {0, 1} at row warp * 16 + lane / 4, columns 8 i + 2 (lane % 4) + {0, 1};
   // 4 i + {2, 3} the same 8 rows further.
-  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int32_t r_lo = tile.row0 + warpgroup * 64 + warp * 16 + lane / 4;
-  const int32_t r_hi = r_lo + 8;
-  const bool lo_ok = r_lo < tile.row_end, hi_ok = r_hi < tile.row_end;
-  const float* sa_lo = tile.sa + (r_lo - tile.sa_base);
-  const float* sa_hi = tile.sa + (r_hi - tile.sa_base);
-  const float* sw = tile.sw + Fp8ScaleRow(n0, args.split_rows) * tile.sw_ld;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+  uint32_t it = 0;
+  for (int32_t t = blockIdx.x; t < args.num_tiles; t += gridDim.x) {
+    int32_t n0;
+    const WgmmaTile tile = tile_of(t, &n0);
+    const int32_t r_lo = tile.row0 + warpgroup * 64 + warp * 16 + lane / 4;
+    const int32_t r_hi = r_lo + 8;
+    const bool lo_ok = r_lo < tile.row_end, hi_ok = r_hi < tile.row_end;
+    const float* sa_lo = tile.sa + (r_lo - tile.sa_base);
+    const float* sa_hi = tile.sa + (r_hi - tile.sa_base);
+    const float* sw = tile.sw + Fp8ScaleRow(n0, args.split_rows) * tile.sw_ld;
 
-  float acc[64], part[64];
+    float acc[64], part[64];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
 
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    const int s = kb % kStages;
-    const uint32_t phase = (kb / kStages) & 1;
-    // The scales' loads are in flight while the tensor cores run.
-    const float s_w = __ldg(sw + kb);
-    const float s_lo = lo_ok ? __ldg(sa_lo + static_cast<int64_t>(kb) * tile.sa_ld) : 0.0f;
-    const float s_hi = hi_ok ? __ldg(sa_hi + static_cast<int64_t>(kb) * tile.sa_ld) : 0.0f;
-    MbarWait(full_bar + 8 * s, phase);
+    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+      const uint32_t s = it % kStages, phase = (it / kStages) & 1;
+      // The scales' loads are in flight while the tensor cores run.
+      const float s_w = __ldg(sw + kb);
+      const float s_lo = lo_ok ? __ldg(sa_lo + static_cast<int64_t>(kb) * tile.sa_ld) : 0.0f;
+      const float s_hi = hi_ok ? __ldg(sa_hi + static_cast<int64_t>(kb) * tile.sa_ld) : 0.0f;
+      MbarWait(full_bar + 8 * s, phase);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) FenceReg(part[i]);
-    WgmmaFence();
-    const uint32_t a_base = a_tile(s) + warpgroup * 64 * kBlockK;
-    const uint32_t b_base = b_tile(s);
+      for (int i = 0; i < 64; ++i) FenceReg(part[i]);
+      WgmmaFence();
+      const uint32_t a_base = a_tile(s) + warpgroup * 64 * kBlockK;
+      const uint32_t b_base = b_tile(s);
 #pragma unroll
-    for (int kk = 0; kk < kBlockK / 32; ++kk) {
-      WgmmaM64N128K32(part, SmemDesc(a_base + kk * 32), SmemDesc(b_base + kk * 32), kk > 0);
-    }
-    WgmmaCommit();
+      for (int kk = 0; kk < kBlockK / 32; ++kk) {
+        WgmmaM64N128K32(part, SmemDesc(a_base + kk * 32), SmemDesc(b_base + kk * 32), kk > 0);
+      }
+      WgmmaCommit();
 #pragma unroll
-    for (int i = 0; i < 64; ++i) FenceReg(part[i]);
-    WgmmaWaitAll();
+      for (int i = 0; i < 64; ++i) FenceReg(part[i]);
+      WgmmaWaitAll();
 #pragma unroll
-    for (int i = 0; i < 64; ++i) FenceReg(part[i]);
-    MbarArrive(empty_bar + 8 * s);
-    const float f_lo = s_lo * s_w, f_hi = s_hi * s_w;
+      for (int i = 0; i < 64; ++i) FenceReg(part[i]);
+      MbarArrive(empty_bar + 8 * s);
+      const float f_lo = s_lo * s_w, f_hi = s_hi * s_w;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      acc[4 * i + 0] = fmaf(part[4 * i + 0], f_lo, acc[4 * i + 0]);
-      acc[4 * i + 1] = fmaf(part[4 * i + 1], f_lo, acc[4 * i + 1]);
-      acc[4 * i + 2] = fmaf(part[4 * i + 2], f_hi, acc[4 * i + 2]);
-      acc[4 * i + 3] = fmaf(part[4 * i + 3], f_hi, acc[4 * i + 3]);
-    }
-  }
-
-  // Epilogue: pairs of adjacent columns straight from the registers.
-  const int32_t n = args.n;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int32_t r = half == 0 ? r_lo : r_hi;
-    if (!(half == 0 ? lo_ok : hi_ok)) continue;
-    const int64_t row_off = static_cast<int64_t>(r) * args.ldc;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int32_t col = n0 + 8 * i + 2 * (lane % 4);
-      if (col >= n) continue;
-      const float v0 = acc[4 * i + 2 * half], v1 = acc[4 * i + 2 * half + 1];
-      const bool pair = col + 1 < n;
-      if (args.c_bf16) {
-        __nv_bfloat16* c = static_cast<__nv_bfloat16*>(args.c) + row_off + col;
-        if (pair) {
-          *reinterpret_cast<__nv_bfloat162*>(c) = __floats2bfloat162_rn(v0, v1);
-        } else {
-          *c = __float2bfloat16_rn(v0);
-        }
-      } else {
-        float* c = static_cast<float*>(args.c) + row_off + col;
-        if (pair) {
-          float2 v = make_float2(v0, v1);
-          if (args.accumulate) {
-            const float2 old = *reinterpret_cast<const float2*>(c);
-            v.x += old.x;
-            v.y += old.y;
-          }
-          *reinterpret_cast<float2*>(c) = v;
-        } else {
-          *c = args.accumulate ? *c + v0 : v0;
-        }
+      for (int i = 0; i < 16; ++i) {
+        acc[4 * i + 0] = fmaf(part[4 * i + 0], f_lo, acc[4 * i + 0]);
+        acc[4 * i + 1] = fmaf(part[4 * i + 1], f_lo, acc[4 * i + 1]);
+        acc[4 * i + 2] = fmaf(part[4 * i + 2], f_hi, acc[4 * i + 2]);
+        acc[4 * i + 3] = fmaf(part[4 * i + 3], f_hi, acc[4 * i + 3]);
       }
     }
+    // The producer keeps loading the next tile's k blocks meanwhile.
+    StoreRow(args, acc, 0, lo_ok ? r_lo : -1, n0, lane);
+    StoreRow(args, acc, 1, hi_ok ? r_hi : -1, n0, lane);
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
@@ -323,14 +342,20 @@ cudaError_t MakeMap(CUtensorMap* map, const void* data, int64_t rows, int64_t co
 }
 
 template <bool kGrouped>
-cudaError_t Launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const KernelArgs& args,
+cudaError_t Launch(const CUtensorMap& map_a, const CUtensorMap& map_b, KernelArgs args,
                    int64_t m_tiles, cudaStream_t stream) {
   auto kernel = Fp8WgmmaKernel<kGrouped>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(kSmemBytes));
   if (e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>((args.n + kBlockN - 1) / kBlockN),
-                  static_cast<unsigned>(m_tiles));
+  int dev = 0, sms = 0;
+  e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return e;
+  args.n_tiles = (args.n + kBlockN - 1) / kBlockN;
+  args.num_tiles = static_cast<int32_t>(args.n_tiles * m_tiles);
+  // Persistent: one CTA per SM (its shared memory takes the SM), each looping over tiles.
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(args.num_tiles, sms));
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, args);
   return cudaGetLastError();
 }
@@ -352,7 +377,10 @@ bool OutputOk(const void* c, int64_t ldc, int64_t n, bool c_bf16, bool accumulat
 }
 
 constexpr int64_t kMaxGroups = 1 << 16;
-constexpr int64_t kMaxGridY = 65535;  // one 128-row tile per blockIdx.y
+// Tiles of one launch (row tiles x column tiles) in int32.
+bool TileCountOk(int64_t m_tiles, int64_t n) {
+  return m_tiles * ((n + kBlockN - 1) / kBlockN) <= kInt32Max;
+}
 
 }  // namespace
 
@@ -437,7 +465,7 @@ bool Fp8WgmmaGroupedGemmSupports(const Fp8WgmmaGroupedGemmParams& p) {
       return false;
     }
   }
-  if (GroupedTiles(p.num_groups, p.host_offsets) > kMaxGridY) return false;
+  if (!TileCountOk(GroupedTiles(p.num_groups, p.host_offsets), p.n)) return false;
   return Fp8WgmmaDeviceSupports();
 }
 

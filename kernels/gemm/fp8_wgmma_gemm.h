@@ -7,10 +7,11 @@
 // The inner sum over one 128-wide k block runs on the tensor cores (four m64n128k32 e4m3
 // wgmmas per 64-row half of the tile); its result is scaled by the block's activation and weight
 // scales and added to an fp32 accumulator in registers, so the tensor cores' reduced-precision
-// accumulation spans only 128 products. One CTA computes a 128 x 128 tile of c: a producer warp
-// loads A and B tiles (128 x 128 bytes each, 128-byte swizzle) with TMA into a ring of
-// kFp8WgmmaStages stages guarded by mbarriers, two consumer warpgroups multiply them (64 rows
-// each) and store the tile, fp32 or bf16, straight from registers.
+// accumulation spans only 128 products. Persistent CTAs (one per SM) loop over 128 x 128 tiles
+// of c: a producer thread loads A and B tiles (128 x 128 bytes each, 128-byte swizzle) with TMA
+// into a ring of kFp8WgmmaStages stages guarded by mbarriers, running ahead into the next tile;
+// two consumer warpgroups multiply them (64 rows each) and store the tile, fp32 or bf16,
+// straight from registers.
 //
 // The kernel is compiled for sm_90a only (the BUILD target's `archs`): the *Supports functions
 // are false on any device other than compute capability 9.0.
@@ -87,8 +88,7 @@ struct Fp8WgmmaGroupedGemmParams {
 
 size_t Fp8WgmmaGroupedWorkspaceBytes(int32_t num_groups, const int32_t* host_offsets);
 // As Fp8WgmmaGemmSupports for every group's weight (all with the same split_rows), plus valid
-// offsets, at most 65535 tiles of 128 rows over all groups, and a non-null workspace;
-// num_groups >= 1.
+// offsets and a non-null workspace; num_groups >= 1.
 bool Fp8WgmmaGroupedGemmSupports(const Fp8WgmmaGroupedGemmParams& p);
 cudaError_t Fp8WgmmaGroupedGemm(const Fp8WgmmaGroupedGemmParams& p, cudaStream_t stream);
 
