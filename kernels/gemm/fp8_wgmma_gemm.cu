@@ -476,10 +476,10 @@ cudaError_t Fp8WgmmaGroupedGemm(const Fp8WgmmaGroupedGemmParams& p, cudaStream_t
   const int64_t tiles = GroupedTiles(G, p.host_offsets);
   if (tiles == 0) return cudaSuccess;
   const int64_t blocks = Fp8ScaleCols(p.k);
-  // The host image of the workspace: the groups' B maps, then the tiles.
-  std::vector<uint8_t> host(Fp8WgmmaGroupedWorkspaceBytes(G, p.host_offsets));
-  auto* maps = reinterpret_cast<CUtensorMap*>(host.data());
-  auto* list = reinterpret_cast<WgmmaTile*>(host.data() + MapsBytes(G));
+  // The workspace's contents: the groups' B maps (64-byte aligned objects, built in a vector of
+  // their own), then the tiles.
+  std::vector<CUtensorMap> maps(G);
+  std::vector<WgmmaTile> list(tiles);
   int64_t t = 0;
   for (int32_t g = 0; g < G; ++g) {
     const Fp8BlockWeight& w = p.weights[g];
@@ -498,11 +498,13 @@ cudaError_t Fp8WgmmaGroupedGemm(const Fp8WgmmaGroupedGemmParams& p, cudaStream_t
       tl.sw_ld = static_cast<int32_t>(w.scale_ld);
     }
   }
-  cudaError_t e =
-      cudaMemcpyAsync(p.workspace, host.data(), host.size(), cudaMemcpyHostToDevice, stream);
-  if (e != cudaSuccess) return e;
+  std::vector<uint8_t> host(Fp8WgmmaGroupedWorkspaceBytes(G, p.host_offsets));
+  std::memcpy(host.data(), maps.data(), MapsBytes(G));
+  std::memcpy(host.data() + MapsBytes(G), list.data(), list.size() * sizeof(WgmmaTile));
   CUtensorMap map_a;
-  e = MakeMap(&map_a, p.a, rows, p.k, p.lda);
+  cudaError_t e = MakeMap(&map_a, p.a, rows, p.k, p.lda);
+  if (e != cudaSuccess) return e;
+  e = cudaMemcpyAsync(p.workspace, host.data(), host.size(), cudaMemcpyHostToDevice, stream);
   if (e != cudaSuccess) return e;
   KernelArgs args;
   args.n = static_cast<int32_t>(p.n);
