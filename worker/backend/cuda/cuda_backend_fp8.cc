@@ -431,8 +431,14 @@ bool CudaBackend::ExpertGemmsFp8Wgmma(const RoutedExpertsArgs& a, const int32_t*
   const int64_t n = down ? H : 2 * I, k = down ? I : H;
   const int64_t used = host_offsets[E], blocks = kernels::Fp8ScaleCols(k);
   if (used < 1 || k % 16 != 0) return false;
+  // An idle expert's matrix is never read: it takes a busy one's (its own may not be here).
+  int32_t busy = 0;
+  while (host_offsets[busy + 1] == host_offsets[busy]) ++busy;
   std::vector<kernels::Fp8BlockWeight> weights(E);
-  for (int32_t e = 0; e < E; ++e) weights[e] = Fp8Weight(weight(down, e), k);
+  for (int32_t e = 0; e < E; ++e) {
+    const bool idle = host_offsets[e + 1] == host_offsets[e];
+    weights[e] = Fp8Weight(weight(down, idle ? busy : e), k);
+  }
   kernels::Fp8WgmmaGroupedGemmParams p;
   p.num_groups = E, p.host_offsets = host_offsets.data(), p.n = n, p.k = k, p.lda = k;
   p.weights = weights.data();
