@@ -411,7 +411,9 @@ TEST_F(CudaFp8Test, GateUpSiluMulOnFp8Weights) {
 // largest product plus its GEMMs' bounds.
 class CudaFp8RoutedExpertsTest : public CudaFp8Test {
  protected:
-  static constexpr int64_t E = 16, K = 4, H = 256, I = 96;
+  static constexpr int64_t E = 16, K = 4, H = 256;
+  int64_t I = 96;
+  const char* per_expert_phase = nullptr;  // a phase the per-expert path must report
 
   void Run(int64_t T, bool graph) {
     const uint32_t seed = testing::FreshSeed();
@@ -496,6 +498,9 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
                        : kernels::Fp8MmaGemmAvailable() ? "RoutedExpertsFp8Mma"
                                                         : "RoutedExpertsFp8";
       EXPECT_EQ(CallsOf(report, op), 1) << report;
+      if (per_expert && per_expert_phase != nullptr) {
+        EXPECT_EQ(CallsOf(report, per_expert_phase), 1) << report;
+      }
     }
     const std::vector<float> got = Download(*out);
     // The per-expert path is W8A8 for every expert on compute capability 9.0 (one cuBLASLt GEMM
@@ -565,6 +570,28 @@ TEST_F(CudaFp8RoutedExpertsTest, LargerBatchOnTheDevicePath) { Run(70, false); }
 // Above kMaxFusedMoeTokens: per-expert GEMMs (W8A8 on compute capability 9.0, else the
 // tensor-core kernel), each expert's rows padded to 4.
 TEST_F(CudaFp8RoutedExpertsTest, PrefillPerExpert) {
+  Run(CudaBackend::kMaxFusedMoeTokens + 30, false);
+}
+
+// CudaTuning::fp8_wgmma: the per-expert prefill GEMMs as one Fp8WgmmaGroupedGemm launch each
+// (inter 128: its k a multiple of 128), the W8A8 numerics of the cuBLASLt path.
+class CudaFp8WgmmaRoutedExpertsTest : public CudaFp8RoutedExpertsTest {
+ protected:
+  void SetUp() override {
+    CudaFp8RoutedExpertsTest::SetUp();
+    if (IsSkipped()) return;
+    if (!kernels::Fp8WgmmaDeviceSupports()) GTEST_SKIP() << "no FP8 wgmma on this device";
+    CudaTuning tuning;
+    tuning.fp8_wgmma = true;
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16, tuning);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+    I = 128;
+    per_expert_phase = "RoutedExpertsFp8PerExpert/wgmma-down";
+  }
+};
+
+TEST_F(CudaFp8WgmmaRoutedExpertsTest, PrefillPerExpert) {
   Run(CudaBackend::kMaxFusedMoeTokens + 30, false);
 }
 
