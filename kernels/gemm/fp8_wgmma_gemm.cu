@@ -1,3 +1,6 @@
+// W8A8 on Hopper's FP8 tensor cores (wgmma + TMA): see fp8_wgmma_gemm.h. Host side: the TMA
+// descriptors (cuTensorMapEncodeTiled through the runtime's driver entry point), the tile list of
+// the grouped form, the persistent launch.
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -39,8 +42,8 @@ struct KernelArgs {
   void* c = nullptr;
   int64_t ldc = 0;
   bool c_bf16 = false, accumulate = false;
-  WgmmaTile dense;                      // the dense form's tile, row0 set per CTA
-  const WgmmaTile* tiles = nullptr;     // grouped: one per blockIdx.y
+  WgmmaTile dense;                      // the dense form's tile, row0 set per tile
+  const WgmmaTile* tiles = nullptr;     // grouped: one per row tile
   const CUtensorMap* b_maps = nullptr;  // grouped: one per group (global memory)
 };
 
