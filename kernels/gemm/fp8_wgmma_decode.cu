@@ -1,11 +1,10 @@
 // Swap-AB W8A8 grouped GEMM for decode on Hopper (wgmma + TMA): see fp8_wgmma_decode.h.
-#include "kernels/gemm/fp8_wgmma_decode.h"
-
 #include <cuda.h>
 
 #include <vector>
 
 #include "kernels/gemm/fp8_block_gemm.h"
+#include "kernels/gemm/fp8_wgmma_decode.h"
 #include "kernels/gemm/wgmma_tma.cuh"
 
 namespace deepinfer {
@@ -58,37 +57,42 @@ __device__ __forceinline__ void WgmmaM64K32<8>(float* d, uint64_t desc_a, uint64
 
 template <>
 __device__ __forceinline__ void WgmmaM64K32<16>(float* d, uint64_t desc_a, uint64_t desc_b,
-                                               int accumulate) {
+                                                int accumulate) {
   asm volatile(
       "{\n\t.reg .pred p;\n\t"
       "setp.ne.b32 p, %10, 0;\n\t"
       "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
       "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n\t}"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 template <>
 __device__ __forceinline__ void WgmmaM64K32<24>(float* d, uint64_t desc_a, uint64_t desc_b,
-                                               int accumulate) {
+                                                int accumulate) {
   asm volatile(
       "{\n\t.reg .pred p;\n\t"
       "setp.ne.b32 p, %14, 0;\n\t"
       "wgmma.mma_async.sync.aligned.m64n24k32.f32.e4m3.e4m3 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, %12, %13, p, 1, 1;\n\t}"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 template <>
 __device__ __forceinline__ void WgmmaM64K32<32>(float* d, uint64_t desc_a, uint64_t desc_b,
-                                               int accumulate) {
+                                                int accumulate) {
   asm volatile(
       "{\n\t.reg .pred p;\n\t"
       "setp.ne.b32 p, %18, 0;\n\t"
       "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n\t}"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
+      "1;\n\t}"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
@@ -153,8 +157,7 @@ __global__ void __launch_bounds__(kThreads)
 
   constexpr int kRegs = N / 2;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const float* sw =
-      args.scales[g] + Fp8ScaleRow(m0, args.split_rows) * int64_t{args.scale_ld};
+  const float* sw = args.scales[g] + Fp8ScaleRow(m0, args.split_rows) * int64_t{args.scale_ld};
   const float* sa_group = args.a_scales + int64_t{r0} * k_blocks;
   uint32_t it = 0;
   for (int32_t ch = 0; ch < chunks; ++ch) {

@@ -170,8 +170,7 @@ INSTANTIATE_TEST_SUITE_P(
         // Moonlight: gate_up [2816 x 2048] stacked at 1408, down [2048 x 1408]; 64 experts.
         SwapCase{7, kSizes, 3, 2816, 2048, 1408, 0, 0},
         SwapCase{7, kSizes, 3, 2816, 2048, 1408, 8, 0},
-        SwapCase{7, kSizes, 2, 2048, 1408, 0, 16, 4},
-        SwapCase{7, kSizes, 2, 2048, 1408, 0, 24, 0},
+        SwapCase{7, kSizes, 2, 2048, 1408, 0, 16, 4}, SwapCase{7, kSizes, 2, 2048, 1408, 0, 24, 0},
         SwapCase{64, {12, 0, 7, 1, 12}, 3, 2816, 2048, 1408, 12, 0},
         SwapCase{64, {12, 33, 0}, 2, 2048, 1408, 0, 32, 0},
         // DeepSeek-V3: gate_up [4096 x 7168] stacked at 2048, down [7168 x 2048]; 256 experts,

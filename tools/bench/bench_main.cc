@@ -137,10 +137,6 @@ int main(int argc, char** argv) {
                 "cuBLASLt with the fastest of its heuristic algorithms, timed per shape at its\n"
                 "first call (the untimed first step; default on, as the worker); off:\n"
                 "cublasGemmEx's default algorithm.");
-  flags.AddBool("fp8-wgmma", &config.fp8_wgmma,
-                "CUDA, --dtype fp8: the W8A8 GEMMs (dense from CudaTuning::fp8_w8a8_min_rows\n"
-                "rows, the routed experts at prefill) on kernels::Fp8WgmmaGemm /\n"
-                "Fp8WgmmaGroupedGemm instead of cuBLASLt (default off).");
   absl::StatusOr<bool> batch_invariant_env =
       deepinfer::ParseBatchInvariantEnv(std::getenv(deepinfer::kBatchInvariantEnv));
   if (!batch_invariant_env.ok()) {

@@ -320,7 +320,6 @@ absl::Status SetUpRank(const BenchConfig& bc, int64_t rank, int64_t blocks, Rank
                                                  : bc.dtype;
   spec.backend.gemm_autotune = bc.gemm_autotune;
   spec.backend.batch_invariant = bc.batch_invariant;
-  spec.backend.fp8_wgmma = bc.fp8_wgmma;
   if (ranks > 1 && bc.backend == "cpu") {
     spec.backend.cpu_threads =
         std::max(1, static_cast<int>(std::thread::hardware_concurrency() / ranks));

@@ -121,8 +121,6 @@ struct BenchConfig {
   bool gemm_autotune = true;
   // CUDA: BackendOptions::batch_invariant (the batch-invariant mode).
   bool batch_invariant = false;
-  // CUDA: BackendOptions::fp8_wgmma (FP8 W8A8 GEMMs on the wgmma kernel, not cuBLASLt).
-  bool fp8_wgmma = false;
   // Decode steps replayed from CUDA graphs per batch-size bucket (DecodeGraphOptions; cuda only,
   // and never while op timing runs).
   bool cuda_graphs = true;

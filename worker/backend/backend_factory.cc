@@ -67,7 +67,6 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& optio
     CudaTuning tuning;
     tuning.gemm_autotune = options.gemm_autotune;
     tuning.batch_invariant = options.batch_invariant;
-    tuning.fp8_wgmma = options.fp8_wgmma;
     auto cuda = CudaBackend::Create(options.cuda_device, dtype, tuning);
     if (!cuda.ok()) return cuda.status();
     return std::unique_ptr<Backend>(std::move(*cuda));

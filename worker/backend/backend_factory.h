@@ -29,8 +29,6 @@ struct BackendOptions {
   // cuda: CudaTuning::batch_invariant (every row computed the same way at any batch size; the
   // CPU backend always is). From --batch-invariant or DEEPINFER_BATCH_INVARIANT.
   bool batch_invariant = false;
-  // cuda: CudaTuning::fp8_wgmma (FP8 W8A8 GEMMs on the wgmma kernel instead of cuBLASLt).
-  bool fp8_wgmma = false;
 };
 
 // The environment variable that turns the batch-invariant mode on where a binary's

@@ -98,11 +98,6 @@ struct CudaTuning {
   // activations are within 2^-4 relative (e4m3), against bf16's 2^-9: DeepSeek-V3's and HF
   // transformers' FP8 scheme. Tests that compare with bf16 references set it past their sizes.
   int64_t fp8_w8a8_min_rows = CudaTuningDefaults::kFp8W8A8MinRows;
-  // FP8 W8A8 GEMMs (Gemm and GateUpSiluMulBf16 from fp8_w8a8_min_rows rows, the routed experts'
-  // prefill GEMMs) on kernels::Fp8WgmmaGemm / Fp8WgmmaGroupedGemm (kernels/gemm/fp8_wgmma_gemm.h:
-  // Hopper wgmma + TMA, all experts in one launch) instead of cuBLASLt, where they take the
-  // operands; the same quantised activations and scales. Off: cuBLASLt. For A/B measurement.
-  bool fp8_wgmma = false;
   // FP8 routed experts on the device path (where kernels::Fp8MmaGroupedGemm runs them) from this
   // many tokens: the permuted rows and the SiLU-mul output quantised to e4m3 per row and 128-wide
   // block (kernels::Fp8QuantizeRows) and both expert GEMMs on kernels::Fp8WgmmaSwapGroupedGemm
@@ -488,18 +483,12 @@ class CudaBackend : public Backend {
   bool GemmFp8Tiled(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                     const WeightView& w, int64_t ldw, float* c, int64_t ldc, bool accumulate);
   // Gemm's W8A8 path into c (fp32 [m, ldc], or bf16 with c_bf16: then c holds m rounded up to
-  // a multiple of 4 rows, the padding rows written), timed as the phase `phase_name`
-  // (`wgmma_phase_name` where GemmFp8Wgmma runs it); false
+  // a multiple of 4 rows, the padding rows written), timed as the phase `phase_name`; false
   // (nothing launched): not taken here (device, shape, layout, or cuBLASLt without an
   // algorithm), the caller takes another path.
   bool GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                    const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
-                   bool accumulate, const char* phase_name, const char* wgmma_phase_name);
-  // GemmFp8W8A8 on kernels::Fp8WgmmaGemm (CudaTuning::fp8_wgmma); c holds m rows. false (nothing
-  // launched) where the kernel does not take the operands.
-  bool GemmFp8Wgmma(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
-                    const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
-                    bool accumulate, const char* phase_name);
+                   bool accumulate, const char* phase_name);
   // GateUpSiluMulBf16 with FP8 weights (rows >= kBf16GateUpMinRows).
   bool GateUpSiluMulFp8(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
                         WeightView w, int64_t ldw, uint16_t* out);
@@ -539,11 +528,6 @@ class CudaBackend : public Backend {
   bool ExpertGemmsFp8W8A8(const RoutedExpertsArgs& a, const int32_t* offsets,
                           const std::vector<int32_t>& host_offsets, const float* x, float* y,
                           bool down, const std::function<WeightView(bool, int32_t)>& weight);
-  // ExpertGemmsFp8W8A8 with every expert in one kernels::Fp8WgmmaGroupedGemm launch
-  // (CudaTuning::fp8_wgmma); false (nothing launched) where the kernel does not take them.
-  bool ExpertGemmsFp8Wgmma(const RoutedExpertsArgs& a, const int32_t* offsets,
-                           const std::vector<int32_t>& host_offsets, const float* x, float* y,
-                           bool down, const std::function<WeightView(bool, int32_t)>& weight);
   // ExpertGemmsFp8OnDevice's bf16 rows on kernels::Fp8WgmmaSwapGroupedGemm (W8A8, from
   // CudaTuning::fp8_swap_min_tokens tokens): quantise, gate_up, SiLU-mul, quantise, down. false
   // (nothing launched) where it is not taken: the mode, the device, the sizes, or the weight

@@ -16,7 +16,6 @@
 #include "kernels/gemm/fp8_quantize.h"
 #include "kernels/gemm/fp8_tiled_gemm.h"
 #include "kernels/gemm/fp8_wgmma_decode.h"
-#include "kernels/gemm/fp8_wgmma_gemm.h"
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/norm/rms_norm.h"
@@ -52,12 +51,7 @@ std::unique_ptr<DeviceBuffer> CudaBackend::DequantizeToBf16(const WeightView& w,
 
 bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                               const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
-                              bool accumulate, const char* phase_name,
-                              const char* wgmma_phase_name) {
-  if (tuning_.fp8_wgmma &&
-      GemmFp8Wgmma(m, n, k, a, lda, w, ldw, c, ldc, c_bf16, accumulate, wgmma_phase_name)) {
-    return true;
-  }
+                              bool accumulate, const char* phase_name) {
   const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
   const int64_t a_elem = a_bf16 ? 2 : 4;
   if (lt_fp8_ == nullptr || m < 1 || k < 16 || k % 16 != 0 || (lda * a_elem) % 16 != 0 ||
@@ -108,32 +102,6 @@ bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a,
                               stream_),
           "kernels::AddRowsF32");
   }
-  return true;
-}
-
-bool CudaBackend::GemmFp8Wgmma(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
-                               const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
-                               bool accumulate, const char* phase_name) {
-  const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
-  const int64_t a_elem = a_bf16 ? 2 : 4;
-  if (m < 1 || k % 16 != 0 || (lda * a_elem) % 16 != 0 || !Aligned16(a.data)) return false;
-  kernels::Fp8WgmmaGemmParams p;
-  p.m = m, p.n = n, p.k = k, p.lda = k, p.a_scale_ld = m;
-  p.w = Fp8Weight(w, ldw);
-  p.c = c, p.ldc = ldc, p.c_bf16 = c_bf16, p.accumulate = accumulate;
-  // The layout checked before any scratch is taken (the scratch is 16-byte aligned).
-  static const float kProbe[4] = {};
-  p.a = reinterpret_cast<const uint8_t*>(kProbe), p.a_scales = kProbe;
-  if (!kernels::Fp8WgmmaGemmSupports(p)) return false;
-  PhaseTimer phase(this, phase_name, true);
-  auto q = AllocateScratch(m * k);
-  auto q_scales = AllocateScratch(kernels::Fp8ScaleCols(k) * m * sizeof(float));
-  kernels::Fp8QuantizeParams qp;
-  qp.m = m, qp.k = k, qp.a = a.data, qp.a_bf16 = a_bf16, qp.lda = lda;
-  qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = m;
-  Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows");
-  p.a = q->as<uint8_t>(), p.a_scales = q_scales->as<float>();
-  Check(kernels::Fp8WgmmaGemm(p, stream_), "kernels::Fp8WgmmaGemm");
   return true;
 }
 
@@ -192,8 +160,7 @@ void CudaBackend::GemmFp8(int64_t m, int64_t n, int64_t k, ActivationView a, int
     return;
   }
   if (m >= tuning_.fp8_w8a8_min_rows &&
-      GemmFp8W8A8(m, n, k, a, lda, w, ldw, c, ldc, /*c_bf16=*/false, accumulate, "Gemm/fp8-w8a8",
-                  "Gemm/fp8-wgmma")) {
+      GemmFp8W8A8(m, n, k, a, lda, w, ldw, c, ldc, /*c_bf16=*/false, accumulate, "Gemm/fp8-w8a8")) {
     return;
   }
   if (m >= CudaTuningDefaults::kFp8TiledMinRows && m < tuning_.fp8_w8a8_min_rows &&
@@ -247,8 +214,7 @@ bool CudaBackend::GateUpSiluMulFp8(int64_t rows, int64_t inter, int64_t k, Activ
     // gate_up in bf16 (the epilogue's rounding, as the bf16 path), its rows padded to 4.
     auto gate_up = AllocateScratch(RoundUp4(rows) * 2 * inter * sizeof(uint16_t));
     if (GemmFp8W8A8(rows, 2 * inter, k, a, lda, w, ldw, gate_up->data(), 2 * inter,
-                    /*c_bf16=*/true, /*accumulate=*/false, "GateUpSiluMulBf16/fp8-w8a8",
-                    "GateUpSiluMulBf16/fp8-wgmma")) {
+                    /*c_bf16=*/true, /*accumulate=*/false, "GateUpSiluMulBf16/fp8-w8a8")) {
       Check(kernels::SiluMulBf16(rows, inter, gate_up->as<uint16_t>(), out, stream_),
             "kernels::SiluMulBf16");
       return true;
@@ -372,9 +338,6 @@ bool CudaBackend::ExpertGemmsFp8W8A8(const RoutedExpertsArgs& a, const int32_t* 
                                      const std::vector<int32_t>& host_offsets, const float* x,
                                      float* y, bool down,
                                      const std::function<WeightView(bool, int32_t)>& weight) {
-  if (tuning_.fp8_wgmma && ExpertGemmsFp8Wgmma(a, offsets, host_offsets, x, y, down, weight)) {
-    return true;
-  }
   const int64_t H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
   const int64_t n = down ? H : 2 * I, k = down ? I : H;
@@ -424,52 +387,8 @@ bool CudaBackend::ExpertGemmsFp8W8A8(const RoutedExpertsArgs& a, const int32_t* 
   return true;
 }
 
-bool CudaBackend::ExpertGemmsFp8Wgmma(const RoutedExpertsArgs& a, const int32_t* offsets,
-                                      const std::vector<int32_t>& host_offsets, const float* x,
-                                      float* y, bool down,
-                                      const std::function<WeightView(bool, int32_t)>& weight) {
-  const int64_t H = a.hidden_size, I = a.inter;
-  const int32_t E = a.num_experts;
-  const int64_t n = down ? H : 2 * I, k = down ? I : H;
-  const int64_t used = host_offsets[E], blocks = kernels::Fp8ScaleCols(k);
-  if (used < 1 || k % 16 != 0) return false;
-  // An idle expert's matrix is never read: it takes a busy one's (its own may not be here).
-  int32_t busy = 0;
-  while (host_offsets[busy + 1] == host_offsets[busy]) ++busy;
-  std::vector<kernels::Fp8BlockWeight> weights(E);
-  for (int32_t e = 0; e < E; ++e) {
-    const bool idle = host_offsets[e + 1] == host_offsets[e];
-    weights[e] = Fp8Weight(weight(down, idle ? busy : e), k);
-  }
-  kernels::Fp8WgmmaGroupedGemmParams p;
-  p.num_groups = E, p.host_offsets = host_offsets.data(), p.n = n, p.k = k, p.lda = k;
-  p.weights = weights.data();
-  p.c = y, p.ldc = n;
-  // The layout checked before any scratch is taken (the scratch is 64-byte aligned).
-  alignas(64) static const float kProbe[16] = {};
-  p.a = reinterpret_cast<const uint8_t*>(kProbe), p.a_scales = kProbe;
-  p.workspace = const_cast<float*>(kProbe);
-  if (!kernels::Fp8WgmmaGroupedGemmSupports(p)) return false;
-  PhaseTimer phase(
-      this,
-      down ? "RoutedExpertsFp8PerExpert/wgmma-down" : "RoutedExpertsFp8PerExpert/wgmma-gate_up",
-      true);
-  auto q = AllocateScratch(used * k);
-  auto q_scales = AllocateScratch(used * blocks * sizeof(float));
-  auto workspace = AllocateScratch(kernels::Fp8WgmmaGroupedWorkspaceBytes(E, host_offsets.data()));
-  kernels::Fp8QuantizeParams qp;
-  qp.m = used, qp.k = k, qp.a = x, qp.lda = k;
-  qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = used;
-  qp.group_offsets = offsets, qp.num_groups = E;
-  Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(experts)");
-  p.a = q->as<uint8_t>(), p.a_scales = q_scales->as<float>(), p.workspace = workspace->data();
-  Check(kernels::Fp8WgmmaGroupedGemm(p, stream_), "kernels::Fp8WgmmaGroupedGemm");
-  return true;
-}
-
-const void* CudaBackend::Fp8SwapWeightMaps(const void* const* table,
-                                           const void* const* host_table, int32_t num_experts,
-                                           int64_t n, int64_t k) {
+const void* CudaBackend::Fp8SwapWeightMaps(const void* const* table, const void* const* host_table,
+                                           int32_t num_experts, int64_t n, int64_t k) {
   if (host_table == nullptr) return nullptr;
   const std::vector<const void*> weights(host_table, host_table + num_experts);
   Fp8SwapMaps& maps = fp8_swap_maps_[std::make_tuple(static_cast<const void*>(table), n, k)];
@@ -502,8 +421,8 @@ bool CudaBackend::ExpertGemmsFp8Swap(const RoutedExpertsArgs& a, const int32_t* 
                                      int64_t rows, const void* permuted, float* expert_out) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
-  if (tuning_.batch_invariant || T < tuning_.fp8_swap_min_tokens || H % 128 != 0 ||
-      I % 128 != 0 || !kernels::Fp8WgmmaSwapDeviceSupports()) {
+  if (tuning_.batch_invariant || T < tuning_.fp8_swap_min_tokens || H % 128 != 0 || I % 128 != 0 ||
+      !kernels::Fp8WgmmaSwapDeviceSupports()) {
     return false;
   }
   kernels::Fp8WgmmaSwapGroupedGemmParams gu, dn;
@@ -511,8 +430,8 @@ bool CudaBackend::ExpertGemmsFp8Swap(const RoutedExpertsArgs& a, const int32_t* 
   gu.max_rows = dn.max_rows = static_cast<int32_t>(rows);
   gu.offsets = dn.offsets = offsets;
   // A token's top-k experts are distinct: T rows at most in one expert, T * K / E on average.
-  gu.rows_per_group_hint = dn.rows_per_group_hint = static_cast<int32_t>(
-      std::min<int64_t>(T, std::max<int64_t>(1, (T * K + E - 1) / E)));
+  gu.rows_per_group_hint = dn.rows_per_group_hint =
+      static_cast<int32_t>(std::min<int64_t>(T, std::max<int64_t>(1, (T * K + E - 1) / E)));
   gu.n = 2 * I, gu.k = H, gu.lda = H;
   gu.scales = a.gate_up_scales, gu.scale_ld = a.gate_up_scale_ld, gu.split_rows = I;
   gu.ldc = 2 * I;

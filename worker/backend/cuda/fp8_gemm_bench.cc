@@ -24,10 +24,10 @@
 // kernels::kGroupedMmaTile, "mma narrow" the plain register loop; the same pair for MXFP4),
 // kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own), kernels::Fp8GroupedGemm (fp32
 // rows, the FP8 fallback) and kernels::GroupedGemmBf16 (bf16 weights, the bf16 path's kernel at 1-2
-// tokens), GB/s of the busy experts' weights; then "fp8 wgmma-swap": kernels::Fp8WgmmaSwapGroupedGemm
-// (W8A8 on wgmma, weights on the M side; compute capability 9.0) on e4m3 rows, "quant" the
-// kernels::Fp8QuantizeRows launch that makes them from the bf16 rows (grouped scale layout),
-// timed on its own, and the speed-ups of swap + quant against mma and bf16.
+// tokens), GB/s of the busy experts' weights; then "fp8 wgmma-swap":
+// kernels::Fp8WgmmaSwapGroupedGemm (W8A8 on wgmma, weights on the M side; compute capability 9.0)
+// on e4m3 rows, "quant" the kernels::Fp8QuantizeRows launch that makes them from the bf16 rows
+// (grouped scale layout), timed on its own, and the speed-ups of swap + quant against mma and bf16.
 //
 // Time: a CUDA graph of back-to-back launches, each on its own copy of the weights (copies for
 // 256 MiB, so the weights come from HBM as in a model step; a single copy where one is larger),
@@ -54,8 +54,8 @@
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/fp8_mma_gemm.h"
 #include "kernels/gemm/fp8_quantize.h"
-#include "kernels/gemm/fp8_wgmma_decode.h"
 #include "kernels/gemm/fp8_tiled_gemm.h"
+#include "kernels/gemm/fp8_wgmma_decode.h"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/grouped_gemm.h"
@@ -492,11 +492,11 @@ void GroupedBench(const MoeShape& ms) {
                                      BENCH_CUDA(kernels::Fp8WgmmaSwapGroupedGemm(sp, st));
                                    })
                      : -1;
-      const double quant_us = swap_takes ? GraphMicros(4,
-                                                       [&](int, cudaStream_t st) {
-                                                         BENCH_CUDA(kernels::Fp8QuantizeRows(qp, st));
-                                                       })
-                                         : -1;
+      const double quant_us =
+          swap_takes
+              ? GraphMicros(
+                    4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Fp8QuantizeRows(qp, st)); })
+              : -1;
       const double fp8_busy = static_cast<double>(busy) * (bytes + scales.size() * 4);
       const double bf16_busy = static_cast<double>(busy) * bytes * 2;
       std::printf(
