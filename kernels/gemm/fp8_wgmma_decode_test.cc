@@ -35,7 +35,8 @@ constexpr double kUnit = 1.0 / 512;
   } while (0)
 
 // Groups cycle through `rows` (num_groups of them); group g multiplies weight g % weights (a few
-// distinct matrices keep the host product cheap at 256 experts).
+// distinct matrices keep the host product cheap at 256 experts). dense: the form without offsets
+// (one group of all max_rows rows).
 struct SwapCase {
   int32_t num_groups;
   std::vector<int32_t> rows;
@@ -43,6 +44,7 @@ struct SwapCase {
   int64_t n, k, split;
   int32_t hint;
   int64_t ldc_pad;
+  bool dense = false;
 };
 
 class Fp8WgmmaSwapTest : public ::testing::TestWithParam<SwapCase> {};
@@ -59,7 +61,7 @@ TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
   std::vector<int32_t> offsets(G + 1, 0);
   for (int32_t g = 0; g < G; ++g) offsets[g + 1] = offsets[g] + c.rows[g % c.rows.size()];
   const int32_t total = offsets[G];
-  const int32_t max_rows = total + 5;  // rows past the groups: left untouched
+  const int32_t max_rows = c.dense ? total : total + 5;  // rows past the groups: left untouched
   const int64_t lda = k;
 
   std::vector<HostFp8> w;
@@ -96,7 +98,7 @@ TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
   dc.Poison();
 
   Fp8WgmmaSwapGroupedGemmParams p;
-  p.num_groups = G, p.max_rows = max_rows, p.offsets = doff.get();
+  p.num_groups = G, p.max_rows = max_rows, p.offsets = c.dense ? nullptr : doff.get();
   p.n = n, p.k = k, p.a = da.get(), p.lda = lda, p.a_scales = dsa.get();
   p.weight_maps = maps.get(), p.scales = dscales.get();
   p.scale_ld = w[0].scale_ld, p.split_rows = c.split;
@@ -177,7 +179,10 @@ INSTANTIATE_TEST_SUITE_P(
         // most idle.
         SwapCase{256, {0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 0, 12, 0, 0, 0, 0}, 2, 4096, 7168, 2048, 8, 0},
         SwapCase{256, {0, 0, 0, 0, 0, 0, 0, 33, 0, 0, 0, 0, 0, 0, 0, 0}, 2, 7168, 2048, 0, 32, 0},
-        SwapCase{5, {64, 200, 0, 1, 12}, 2, 7168, 2048, 0, 16, 2}));
+        SwapCase{5, {64, 200, 0, 1, 12}, 2, 7168, 2048, 0, 16, 2},
+        // Dense: Moonlight o_proj at 128 rows, q_proj at 33.
+        SwapCase{1, {128}, 1, 2048, 2048, 0, 32, 4, true},
+        SwapCase{1, {33}, 1, 3072, 2048, 0, 16, 0, true}));
 
 TEST(Fp8WgmmaSwapGroupedGemmTest, RefusesWhatItCannotRun) {
   SKIP_WITHOUT_WGMMA();
@@ -202,6 +207,11 @@ TEST(Fp8WgmmaSwapGroupedGemmTest, RefusesWhatItCannotRun) {
   q = p;
   q.weight_maps = buf.get() + 16;  // descriptors are 64-byte aligned
   EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
+  q = p;
+  q.offsets = nullptr;  // dense: one group
+  EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
+  q.num_groups = 1;
+  EXPECT_TRUE(Fp8WgmmaSwapGroupedGemmSupports(q));
 }
 
 TEST(Fp8WgmmaSwapGroupedGemmTest, ChunkRowsFollowTheHint) {
