@@ -97,6 +97,23 @@ __device__ __forceinline__ void WgmmaM64K32<32>(float* d, uint64_t desc_a, uint6
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+template <>
+__device__ __forceinline__ void WgmmaM64K32<64>(float* d, uint64_t desc_a, uint64_t desc_b,
+                                                int accumulate) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.b32 p, %34, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n\t}"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Grid (weight tiles, groups). wgmma's fragment of an m64nN product: register 4 i + q of a thread
@@ -313,7 +330,8 @@ int32_t Fp8WgmmaSwapChunkRows(int32_t rows_per_group_hint) {
   if (rows_per_group_hint <= 8) return 8;
   if (rows_per_group_hint <= 16) return 16;
   if (rows_per_group_hint <= 24) return 24;
-  return 32;
+  if (rows_per_group_hint <= 32) return 32;
+  return 64;
 }
 
 bool Fp8WgmmaSwapGroupedGemmSupports(const Fp8WgmmaSwapGroupedGemmParams& p) {
@@ -338,8 +356,10 @@ cudaError_t Fp8WgmmaSwapGroupedGemm(const Fp8WgmmaSwapGroupedGemmParams& p, cuda
       return Launch<16>(p, stream);
     case 24:
       return Launch<24>(p, stream);
-    default:
+    case 32:
       return Launch<32>(p, stream);
+    default:
+      return Launch<64>(p, stream);
   }
 }
 

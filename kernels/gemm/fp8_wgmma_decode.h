@@ -1,6 +1,6 @@
 // The routed experts' W8A8 GEMM at decode sizes on Hopper's FP8 tensor cores, operands swapped
 // (swap-AB): per expert e, out^T = W_e * A_e^T, so the weights fill wgmma's 64-row M side and the
-// expert's few activation rows its N side (m64nNk32 e4m3, N = 8, 16, 24 or 32). A CTA takes 128
+// expert's few activation rows its N side (m64nNk32 e4m3, N = 8, 16, 24, 32 or 64). A CTA takes 128
 // weight rows of one expert (two m64 halves in one consumer warpgroup) and loops over its
 // group's rows in chunks of N; a producer thread streams the 128 x 128-byte weight tiles and the
 // N x 128-byte activation boxes with TMA (128-byte swizzle) through an mbarrier ring. Each
@@ -72,12 +72,13 @@ struct Fp8WgmmaSwapGroupedGemmParams {
   int64_t split_rows = 0;
   float* c = nullptr;
   int64_t ldc = 0;
-  // Expected most rows in one group (0: unknown): picks N (8, 16, 24 or 32 rows a chunk); any
-  // group size stays correct (a group longer than N loops over chunks).
+  // Expected most rows in one group (0: unknown): picks N (8, 16, 24, 32 or 64 rows a chunk); any
+  // group size stays correct (a group longer than N loops over chunks, each reading the weight
+  // tiles again).
   int32_t rows_per_group_hint = 0;
 };
 
-// The activation rows a chunk takes for a hint (8, 16, 24 or 32).
+// The activation rows a chunk takes for a hint (8, 16, 24, 32 or 64; 32 for an unknown one).
 int32_t Fp8WgmmaSwapChunkRows(int32_t rows_per_group_hint);
 
 // Fp8WgmmaSwapDeviceSupports and: num_groups in 1 .. 65535 (1 without offsets), max_rows >= 1,

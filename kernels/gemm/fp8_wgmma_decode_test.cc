@@ -173,6 +173,7 @@ INSTANTIATE_TEST_SUITE_P(
         SwapCase{7, kSizes, 3, 2816, 2048, 1408, 0, 0},
         SwapCase{7, kSizes, 3, 2816, 2048, 1408, 8, 0},
         SwapCase{7, kSizes, 2, 2048, 1408, 0, 16, 4}, SwapCase{7, kSizes, 2, 2048, 1408, 0, 24, 0},
+        SwapCase{7, kSizes, 3, 2816, 2048, 1408, 64, 0},
         SwapCase{64, {12, 0, 7, 1, 12}, 3, 2816, 2048, 1408, 12, 0},
         SwapCase{64, {12, 33, 0}, 2, 2048, 1408, 0, 32, 0},
         // DeepSeek-V3: gate_up [4096 x 7168] stacked at 2048, down [7168 x 2048]; 256 experts,
@@ -180,8 +181,9 @@ INSTANTIATE_TEST_SUITE_P(
         SwapCase{256, {0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 0, 12, 0, 0, 0, 0}, 2, 4096, 7168, 2048, 8, 0},
         SwapCase{256, {0, 0, 0, 0, 0, 0, 0, 33, 0, 0, 0, 0, 0, 0, 0, 0}, 2, 7168, 2048, 0, 32, 0},
         SwapCase{5, {64, 200, 0, 1, 12}, 2, 7168, 2048, 0, 16, 2},
-        // Dense: Moonlight o_proj at 128 rows, q_proj at 33.
-        SwapCase{1, {128}, 1, 2048, 2048, 0, 32, 4, true},
+        // Dense: Moonlight o_proj at 128 rows (N 64) and 64 (N 32), q_proj at 33.
+        SwapCase{1, {128}, 1, 2048, 2048, 0, 128, 4, true},
+        SwapCase{1, {64}, 1, 2048, 2048, 0, 32, 0, true},
         SwapCase{1, {33}, 1, 3072, 2048, 0, 16, 0, true}));
 
 TEST(Fp8WgmmaSwapGroupedGemmTest, RefusesWhatItCannotRun) {
@@ -219,7 +221,8 @@ TEST(Fp8WgmmaSwapGroupedGemmTest, ChunkRowsFollowTheHint) {
   EXPECT_EQ(Fp8WgmmaSwapChunkRows(1), 8);
   EXPECT_EQ(Fp8WgmmaSwapChunkRows(12), 16);
   EXPECT_EQ(Fp8WgmmaSwapChunkRows(20), 24);
-  EXPECT_EQ(Fp8WgmmaSwapChunkRows(33), 32);
+  EXPECT_EQ(Fp8WgmmaSwapChunkRows(32), 32);
+  EXPECT_EQ(Fp8WgmmaSwapChunkRows(33), 64);
 }
 
 }  // namespace
