@@ -13,7 +13,9 @@
   compatible with the rest of the build. Whole-program mode (no -rdc), so no
   device-link step is needed.
 * GPU code: --//tools/bazel:cuda_archs=sm_90,compute_75 (default) -> SASS for sm_90 +
-  PTX for compute_75 that the driver JIT-compiles for any newer GPU.
+  PTX for compute_75 that the driver JIT-compiles for any newer GPU. `archs = ["sm_90a"]` on
+  one cuda_library replaces that list for its own .cu files (sm_XYa: the architecture-specific
+  features, such as Hopper's wgmma; the code runs only on that exact compute capability).
 * When CUDA is disabled (--config=cpu, or nvcc not found at configure time)
   the targets are marked incompatible and `bazel build //...` / `bazel test
   //...` silently skip them (and everything depending on them).
@@ -64,7 +66,8 @@ def _cuda_objects_impl(ctx):
         args.add_all(["-x", "cu", "-std=" + ctx.attr.std, "-c", src.path, "-o", obj.path])
         args.add_all(["-Xcompiler", "-fPIC"])
         args.add_all(mode_flags)
-        args.add_all(_gencode_flags(ctx.attr._archs[_ArchsInfo].archs))
+        archs = ctx.attr.archs if ctx.attr.archs else ctx.attr._archs[_ArchsInfo].archs
+        args.add_all(_gencode_flags(archs))
         args.add_all(["-I.", "-I" + ctx.bin_dir.path])
         args.add_all(cctx.includes, before_each = "-I")
         args.add_all(cctx.quote_includes, before_each = "-I")
@@ -91,6 +94,7 @@ cuda_objects = rule(
         "deps": attr.label_list(providers = [CcInfo]),
         "copts": attr.string_list(),
         "std": attr.string(default = "c++17"),
+        "archs": attr.string_list(),
         "_archs": attr.label(default = "//tools/bazel:cuda_archs"),
         "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
     },
@@ -111,7 +115,7 @@ def if_cuda(if_true, if_false = []):
         "//conditions:default": if_false,
     })
 
-def cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], std = "c++17", cudart = "@local_cuda//:cudart", visibility = None, **kwargs):
+def cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], std = "c++17", cudart = "@local_cuda//:cudart", visibility = None, archs = [], **kwargs):
     cuda_objects(
         name = name + "_nvcc",
         srcs = srcs,
@@ -119,6 +123,7 @@ def cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], std = "c++17
         deps = deps + ["@local_cuda//:cuda_headers"],
         copts = copts,
         std = std,
+        archs = archs,
         target_compatible_with = cuda_compatible(),
         visibility = ["//visibility:private"],
     )

@@ -198,6 +198,7 @@ CudaBackend::~CudaBackend() {
   Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   lt_tuner_.reset();
   lt_fp8_.reset();
+  for (auto& [key, maps] : fp8_swap_maps_) cudaFree(maps.device);
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
   cudaFree(staged_gemv_counter_);

@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -97,6 +98,15 @@ struct CudaTuning {
   // activations are within 2^-4 relative (e4m3), against bf16's 2^-9: DeepSeek-V3's and HF
   // transformers' FP8 scheme. Tests that compare with bf16 references set it past their sizes.
   int64_t fp8_w8a8_min_rows = CudaTuningDefaults::kFp8W8A8MinRows;
+  // FP8 routed experts on the device path (where kernels::Fp8MmaGroupedGemm runs them) from this
+  // many tokens: the permuted rows and the SiLU-mul output quantised to e4m3 per row and 128-wide
+  // block (kernels::Fp8QuantizeRows) and both expert GEMMs on kernels::Fp8WgmmaSwapGroupedGemm
+  // (W8A8 on Hopper wgmma, weights on the M side; compute capability 9.0), never in the
+  // batch-invariant mode. The weights' TMA descriptors are built at an expert table's first call
+  // outside a CUDA graph capture (a captured call before that keeps Fp8MmaGroupedGemm). 64 is a
+  // starting point, not yet measured end to end (fp8_gemm_bench --grouped times the kernels);
+  // tests set 1 to force the path.
+  int64_t fp8_swap_min_tokens = 64;
   // Batch-invariant mode (deepinfer-worker / deepinfer-bench --batch-invariant,
   // DEEPINFER_BATCH_INVARIANT=1; docs/engine.md "Batch invariance"): every op computes a row the
   // same way whatever the batch size and the row's place in it, so a request's logprobs do not
@@ -521,6 +531,17 @@ class CudaBackend : public Backend {
   // bf16 and quantised in one pass, down written in bf16, the combine reading bf16. false
   // (nothing launched): cuBLASLt or the layout does not take every busy expert's two GEMMs.
   bool RoutedExpertsFp8W8A8(const RoutedExpertsArgs& a, const MoePermutation& perm);
+  // ExpertGemmsFp8OnDevice's bf16 rows on kernels::Fp8WgmmaSwapGroupedGemm (W8A8, from
+  // CudaTuning::fp8_swap_min_tokens tokens): quantise, gate_up, SiLU-mul, quantise, down. false
+  // (nothing launched) where it is not taken: the mode, the device, the sizes, or the weight
+  // descriptors not built (a capture before the table's first eager call).
+  bool ExpertGemmsFp8Swap(const RoutedExpertsArgs& a, const int32_t* offsets, int64_t rows,
+                          const void* permuted, float* expert_out);
+  // The swap kernel's weight descriptors of one expert table (device `table`, its host copy
+  // host_table [num_experts], each matrix [n, k]): built (a host synchronisation) at the first
+  // call with these pointers outside a capture, kept until the backend goes; null where not built.
+  const void* Fp8SwapWeightMaps(const void* const* table, const void* const* host_table,
+                                int32_t num_experts, int64_t n, int64_t k);
   // One GEMM of the Gemm layout on cuBLAS. a is fp32 for fp32 weights, bf16 bits otherwise.
   void GemmOnCublas(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, WeightView w,
                     int64_t ldw, float* c, int64_t ldc, bool accumulate);
@@ -637,6 +658,13 @@ class CudaBackend : public Backend {
   // Gemm's W8A8 path; made with the backend on a device CublasLtFp8Gemm::DeviceSupports, else
   // null (no W8A8).
   std::unique_ptr<CublasLtFp8Gemm> lt_fp8_;
+  // Fp8SwapWeightMaps' descriptors (cudaMalloc'ed) by (device table, n, k), with the host
+  // pointers they were built from.
+  struct Fp8SwapMaps {
+    void* device = nullptr;
+    std::vector<const void*> weights;
+  };
+  std::map<std::tuple<const void*, int64_t, int64_t>, Fp8SwapMaps> fp8_swap_maps_;
   std::map<std::string, OpTotal> op_totals_;
   // kChunked, or kPerExpert once cuBLAS has refused the batched call (ExpertGemms).
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;

@@ -14,6 +14,7 @@
 #include "kernels/gemm/fp8_mma_gemm.h"
 #include "kernels/gemm/fp8_quantize.h"
 #include "kernels/gemm/fp8_tiled_gemm.h"
+#include "kernels/gemm/fp8_wgmma_decode.h"
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/moe_permute.h"
 #include "kernels/norm/rms_norm.h"
@@ -227,6 +228,7 @@ void CudaBackend::ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32
                                          int64_t rows, bool mma, const void* permuted,
                                          float* expert_out) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
+  if (mma && ExpertGemmsFp8Swap(a, offsets, rows, permuted, expert_out)) return;
   auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
   if (mma) {
     kernels::Fp8MmaGroupedGemmParams g;
@@ -421,6 +423,94 @@ bool CudaBackend::RoutedExpertsFp8W8A8(const RoutedExpertsArgs& a, const MoePerm
   c.accumulate = false;
   c.out = a.out;
   Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
+  return true;
+}
+
+const void* CudaBackend::Fp8SwapWeightMaps(const void* const* table, const void* const* host_table,
+                                           int32_t num_experts, int64_t n, int64_t k) {
+  if (host_table == nullptr) return nullptr;
+  const std::vector<const void*> weights(host_table, host_table + num_experts);
+  Fp8SwapMaps& maps = fp8_swap_maps_[std::make_tuple(static_cast<const void*>(table), n, k)];
+  if (maps.device != nullptr && maps.weights == weights) return maps.device;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  Check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  if (maps.device == nullptr || maps.weights.size() != weights.size()) {
+    cudaFree(maps.device);
+    maps.device = nullptr;
+    maps.weights.clear();
+    if (cudaMalloc(&maps.device, kernels::Fp8WgmmaSwapWeightMapsBytes(num_experts)) !=
+        cudaSuccess) {
+      maps.device = nullptr;
+      return nullptr;
+    }
+  }
+  const cudaError_t e = kernels::Fp8WgmmaSwapBuildWeightMaps(
+      num_experts, reinterpret_cast<const uint8_t* const*>(weights.data()), n, k, k, maps.device,
+      stream_);
+  if (e != cudaSuccess) {
+    maps.weights.clear();  // rebuilt (or refused) at the next call
+    return nullptr;
+  }
+  maps.weights = weights;
+  return maps.device;
+}
+
+bool CudaBackend::ExpertGemmsFp8Swap(const RoutedExpertsArgs& a, const int32_t* offsets,
+                                     int64_t rows, const void* permuted, float* expert_out) {
+  const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
+  const int32_t E = a.num_experts;
+  if (tuning_.batch_invariant || T < tuning_.fp8_swap_min_tokens || H % 128 != 0 || I % 128 != 0 ||
+      !kernels::Fp8WgmmaSwapDeviceSupports()) {
+    return false;
+  }
+  kernels::Fp8WgmmaSwapGroupedGemmParams gu, dn;
+  gu.num_groups = dn.num_groups = E;
+  gu.max_rows = dn.max_rows = static_cast<int32_t>(rows);
+  gu.offsets = dn.offsets = offsets;
+  // A token's top-k experts are distinct: T rows at most in one expert, T * K / E on average.
+  gu.rows_per_group_hint = dn.rows_per_group_hint =
+      static_cast<int32_t>(std::min<int64_t>(T, std::max<int64_t>(1, (T * K + E - 1) / E)));
+  gu.n = 2 * I, gu.k = H, gu.lda = H;
+  gu.scales = a.gate_up_scales, gu.scale_ld = a.gate_up_scale_ld, gu.split_rows = I;
+  gu.ldc = 2 * I;
+  dn.n = H, dn.k = I, dn.lda = I;
+  dn.scales = a.down_scales, dn.scale_ld = a.down_scale_ld, dn.split_rows = 0;
+  dn.ldc = H;
+  // The layout checked before the descriptors are built or any scratch is taken (the scratch is
+  // 64-byte aligned).
+  alignas(64) static const float kProbe[16] = {};
+  for (kernels::Fp8WgmmaSwapGroupedGemmParams* p : {&gu, &dn}) {
+    p->a = reinterpret_cast<const uint8_t*>(kProbe), p->a_scales = kProbe;
+    p->weight_maps = kProbe, p->c = const_cast<float*>(kProbe);
+    if (!kernels::Fp8WgmmaSwapGroupedGemmSupports(*p)) return false;
+  }
+  gu.weight_maps = Fp8SwapWeightMaps(a.gate_up, a.gate_up_host, E, 2 * I, H);
+  dn.weight_maps = Fp8SwapWeightMaps(a.down, a.down_host, E, H, I);
+  if (gu.weight_maps == nullptr || dn.weight_maps == nullptr) return false;
+  PhaseTimer phase(this, "RoutedExpertsFp8Mma/wgmma-swap", true);
+  const int64_t width = std::max(H, I);
+  auto q = AllocateScratch(rows * width);
+  auto q_scales = AllocateScratch(rows * kernels::Fp8ScaleCols(width) * sizeof(float));
+  auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
+  auto act = AllocateScratch(rows * I * sizeof(uint16_t));
+  // Each group's rows quantised with their scales packed for the group (Fp8QuantizeRows'
+  // grouped layout, which the swap kernel reads).
+  auto quantize = [&](const void* x, int64_t k, const char* what) {
+    kernels::Fp8QuantizeParams qp;
+    qp.m = rows, qp.k = k, qp.a = x, qp.a_bf16 = true, qp.lda = k;
+    qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = rows;
+    qp.group_offsets = offsets, qp.num_groups = E;
+    Check(kernels::Fp8QuantizeRows(qp, stream_), what);
+  };
+  quantize(permuted, H, "kernels::Fp8QuantizeRows(gate_up)");
+  gu.a = q->as<uint8_t>(), gu.a_scales = q_scales->as<float>(), gu.c = gate_up->as<float>();
+  Check(kernels::Fp8WgmmaSwapGroupedGemm(gu, stream_), "kernels::Fp8WgmmaSwapGroupedGemm(gate_up)");
+  Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
+        "kernels::SiluMulF32ToBf16");
+  quantize(act->data(), I, "kernels::Fp8QuantizeRows(down)");
+  dn.a = q->as<uint8_t>(), dn.a_scales = q_scales->as<float>(), dn.c = expert_out;
+  Check(kernels::Fp8WgmmaSwapGroupedGemm(dn, stream_), "kernels::Fp8WgmmaSwapGroupedGemm(down)");
   return true;
 }
 

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/fp8_mma_gemm.h"
+#include "kernels/gemm/fp8_wgmma_decode.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cuda/cublaslt_fp8_gemm.h"
@@ -352,7 +353,10 @@ TEST_F(CudaFp8Test, GateUpSiluMulOnFp8Weights) {
 // largest product plus its GEMMs' bounds.
 class CudaFp8RoutedExpertsTest : public CudaFp8Test {
  protected:
-  static constexpr int64_t E = 16, K = 4, H = 256, I = 96;
+  static constexpr int64_t E = 16, K = 4, H = 256;
+  int64_t I = 96;
+  // The device path on kernels::Fp8WgmmaSwapGroupedGemm (W8A8; CudaTuning::fp8_swap_min_tokens).
+  bool swap = false;
 
   void Run(int64_t T, bool graph) {
     const uint32_t seed = testing::FreshSeed();
@@ -417,6 +421,18 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
     a.down_host = dn_ptr.data();
     a.dtype = WeightDType::kFp8E4M3;
     a.out = out->as<float>();
+    if (graph && swap) {
+      // The eager call that builds the weight descriptors (the model's warm-up), checked to take
+      // the swap kernel; then the output poisoned again for the replay.
+      gpu_->SetOpTiming(true);
+      ASSERT_TRUE(gpu_->RoutedExperts(a));
+      ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+      const std::string warm = gpu_->TakeOpTimingReport();
+      gpu_->SetOpTiming(false);
+      EXPECT_EQ(CallsOf(warm, "RoutedExpertsFp8Mma/wgmma-swap"), 1) << warm;
+      ASSERT_EQ(cudaMemset(out->data(), 0xFF, T * H * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    }
     gpu_->SetOpTiming(!graph);
     if (graph) {
       auto rec = gpu_->Capture([&]() -> absl::Status {
@@ -437,6 +453,9 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
                        : kernels::Fp8MmaGemmAvailable() ? "RoutedExpertsFp8Mma"
                                                         : "RoutedExpertsFp8";
       EXPECT_EQ(CallsOf(report, op), 1) << report;
+      if (swap) {
+        EXPECT_EQ(CallsOf(report, "RoutedExpertsFp8Mma/wgmma-swap"), 1) << report;
+      }
     }
     // The per-expert path is W8A8 for every expert on compute capability 9.0 (one cuBLASLt GEMM
     // per expert), else each expert's rows (padded to 4) on the tensor-core kernel.
@@ -450,7 +469,7 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
       }
     }
     const std::vector<float> got = Download(*out);
-    auto numerics_of = [&](int32_t) { return w8a8 ? Numerics::kW8A8 : Numerics::kW8A16; };
+    auto numerics_of = [&](int32_t) { return w8a8 || swap ? Numerics::kW8A8 : Numerics::kW8A16; };
     // The W8A8 path keeps the bf16 experts' intermediate precision: gate_up, the SiLU-mul product
     // and down's output each rounded to bf16 (half an ulp: 2^-9 relative; 2^-8 allowed).
     const double bf16_step = w8a8 ? std::ldexp(1.0, -8) : 0.0;
@@ -462,6 +481,10 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
         const Numerics numerics = numerics_of(e);
         const double step = numerics == Numerics::kW8A8 ? std::ldexp(1.0, -3) : std::ldexp(1.0, -8);
         std::vector<float> xt(x.begin() + t * H, x.begin() + (t + 1) * H);
+        // The swap path quantises the permuted rows, which are bf16.
+        if (swap) {
+          for (float& v : xt) v = RoundToBf16(v);
+        }
         std::vector<double> g, gmag;
         HostGemm(xt, 1, gu[e], numerics, &g, &gmag);
         // act and how far the device's may be from it: gate_up's bound carried through
@@ -522,6 +545,36 @@ TEST_F(CudaFp8RoutedExpertsTest, LargerBatchOnTheDevicePath) { Run(70, false); }
 // tensor-core kernel), each expert's rows padded to 4.
 TEST_F(CudaFp8RoutedExpertsTest, PrefillPerExpert) {
   Run(CudaBackend::kMaxFusedMoeTokens + 30, false);
+}
+
+// CudaTuning::fp8_swap_min_tokens 1: the device path's expert GEMMs on
+// kernels::Fp8WgmmaSwapGroupedGemm (inter 128: its k a multiple of 128), W8A8 numerics, eager and
+// replayed from a CUDA graph (its weight descriptors built by an eager call first).
+class CudaFp8SwapRoutedExpertsTest : public CudaFp8RoutedExpertsTest {
+ protected:
+  void SetUp() override {
+    CudaFp8RoutedExpertsTest::SetUp();
+    if (IsSkipped()) return;
+    if (!kernels::Fp8WgmmaSwapDeviceSupports()) GTEST_SKIP() << "no FP8 wgmma on this device";
+    CudaTuning tuning;
+    tuning.fp8_swap_min_tokens = 1;
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16, tuning);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+    I = 128;
+    swap = true;
+  }
+};
+
+TEST_F(CudaFp8SwapRoutedExpertsTest, DecodeSizes) {
+  Run(1, false);
+  Run(9, false);
+  Run(70, false);
+}
+
+TEST_F(CudaFp8SwapRoutedExpertsTest, ReplayedFromACudaGraph) {
+  Run(3, true);
+  Run(70, true);
 }
 
 // No host synchronisation: the op records into a CUDA graph and replays.

@@ -15,6 +15,8 @@
 //                twice it, named after the table as tiled=BM/split
 //        w8a8    kernels::Fp8QuantizeRows + CublasLtFp8Gemm (FP8 tensor cores; compute
 //                capability 9.0), and lt: the cuBLASLt GEMM alone
+//        swap    kernels::Fp8QuantizeRows + kernels::Fp8WgmmaSwapGroupedGemm in its dense form
+//                (W8A8 on wgmma, weights on the M side; compute capability 9.0; m <= 256)
 //        deq     kernels::Fp8DequantToBf16 + cublasGemmEx (m >= 33)
 // then the fastest bf16 and FP8 path with TFLOP/s (2 m n k) and GB/s (weight bytes, FP8 with its
 // scales, plus the activations read and the output written), and the FP8 speed-up. The FP8 paths
@@ -24,14 +26,18 @@
 // kernels::kGroupedMmaTile, "mma narrow" the plain register loop; the same pair for MXFP4),
 // kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own), kernels::Fp8GroupedGemm (fp32
 // rows, the FP8 fallback) and kernels::GroupedGemmBf16 (bf16 weights, the bf16 path's kernel at 1-2
-// tokens), GB/s of the busy experts' weights.
+// tokens), GB/s of the busy experts' weights; then "fp8 wgmma-swap":
+// kernels::Fp8WgmmaSwapGroupedGemm (W8A8 on wgmma, weights on the M side; compute capability 9.0)
+// on e4m3 rows, "quant" the kernels::Fp8QuantizeRows launch that makes them from the bf16 rows
+// (grouped scale layout), timed on its own, and the speed-ups of swap + quant against mma and bf16.
 //
 // Time: a CUDA graph of back-to-back launches, each on its own copy of the weights (copies for
 // 256 MiB, so the weights come from HBM as in a model step; a single copy where one is larger),
 // median of 7 replays, per launch. The H200's HBM peak is 4.8 TB/s, its dense bf16 / FP8 tensor
 // peaks 989 / 1979 TFLOP/s.
 //
-//   fp8_gemm_bench [--quick | --variants]   (--quick: m = 1, 8, 16, 32, 64, 128, 256, 1024 only;
+//   fp8_gemm_bench [--quick | --variants | --grouped]   (--quick: m = 1, 8, 16, 32, 64, 128, 256,
+//   1024 only; --grouped: the grouped section alone;
 //   --variants:
 //       only the tile-loop variants of the tensor-core kernels against bf16, same shapes,
 //       fp8_mma_variants_bench.cc; exit status 1 on a CUDA or cuBLAS error)
@@ -51,6 +57,7 @@
 #include "kernels/gemm/fp8_mma_gemm.h"
 #include "kernels/gemm/fp8_quantize.h"
 #include "kernels/gemm/fp8_tiled_gemm.h"
+#include "kernels/gemm/fp8_wgmma_decode.h"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/grouped_gemm.h"
@@ -193,6 +200,16 @@ class DenseBench {
     const int64_t tiled_rows = std::min<int64_t>(m_max, kTiledMaxRows);
     float* tiled_ws = DeviceAlloc<float>(std::max<size_t>(
         16, *std::max_element(splits.begin(), splits.end()) * tiled_rows * s.n * sizeof(float)));
+    // The swap kernel's weight descriptors (one per copy) and scale pointers, built once.
+    void* swap_maps = nullptr;
+    const float* const* swap_scales = nullptr;
+    if (kernels::Fp8WgmmaSwapDeviceSupports() && s.k % 128 == 0) {
+      swap_maps = DeviceAlloc<void>(kernels::Fp8WgmmaSwapWeightMapsBytes(copies));
+      const std::vector<const uint8_t*> w8c(w8.begin(), w8.end());
+      BENCH_CUDA(kernels::Fp8WgmmaSwapBuildWeightMaps(copies, w8c.data(), s.n, s.k, s.k, swap_maps,
+                                                      nullptr));
+      swap_scales = bench::Upload(std::vector<const float*>(sc.begin(), sc.end()));
+    }
 
     for (int64_t m : ms) {
       auto weight = [&](int i) {
@@ -226,6 +243,7 @@ class DenseBench {
         bf16.push_back({"small", small_us});
       }
       double core_us = -1, mma_us = -1, mma16_us = -1, w8a8_us = -1, lt_us = -1, deq_us = -1;
+      double swap_us = -1;
       double tiled_us = -1, tbest_us = -1;
       char tbest_name[32] = "";
       kernels::Fp8SmallMGemmParams core;
@@ -316,6 +334,26 @@ class DenseBench {
         lt_us = GraphMicros(copies, gemm);
         fp8.push_back({"w8a8", w8a8_us});
       }
+      // The swap-AB wgmma kernel as one group: quantise (scales for m rows), GEMM.
+      kernels::Fp8WgmmaSwapGroupedGemmParams sp;
+      sp.num_groups = 1, sp.max_rows = static_cast<int32_t>(m), sp.n = s.n, sp.k = s.k;
+      sp.a = q, sp.lda = s.k, sp.a_scales = qs, sp.weight_maps = swap_maps, sp.scales = swap_scales;
+      sp.scale_ld = kernels::Fp8ScaleLd(s.k), sp.c = c, sp.ldc = s.n;
+      sp.rows_per_group_hint = static_cast<int32_t>(m);
+      if (swap_maps != nullptr && m <= 256 && kernels::Fp8WgmmaSwapGroupedGemmSupports(sp)) {
+        kernels::Fp8QuantizeParams qp;
+        qp.m = m, qp.k = s.k, qp.a = a, qp.lda = s.k, qp.q = q, qp.ldq = s.k, qp.scales = qs;
+        qp.m_pad = m;
+        swap_us = GraphMicros(copies, [&](int i, cudaStream_t st) {
+          kernels::Fp8WgmmaSwapGroupedGemmParams one = sp;
+          one.weight_maps =
+              static_cast<const uint8_t*>(swap_maps) + i * kernels::Fp8WgmmaSwapWeightMapsBytes(1);
+          one.scales = swap_scales + i;
+          BENCH_CUDA(kernels::Fp8QuantizeRows(qp, st));
+          BENCH_CUDA(kernels::Fp8WgmmaSwapGroupedGemm(one, st));
+        });
+        fp8.push_back({"swap", swap_us});
+      }
       if (m > 32) {
         deq_us = GraphMicros(copies, [&](int i, cudaStream_t st) {
           BENCH_CUDA(kernels::Fp8DequantToBf16(weight(i), s.n, s.k, deq, st));
@@ -341,10 +379,11 @@ class DenseBench {
       const Result b16 = best(bf16);
       const double flops = 2.0 * m * s.n * s.k;
       const double act_out = m * s.k * 4.0 + m * s.n * 4.0;
-      std::printf("%-15s %6ld %6ld %5ld |%s%s |%s%s%s%s%s%s%s%s |", s.name, static_cast<long>(s.n),
-                  static_cast<long>(s.k), static_cast<long>(m), cell(bf16[0].us), cell(small_us),
-                  cell(core_us), cell(mma_us), cell(mma16_us), cell(tiled_us), cell(tbest_us),
-                  cell(w8a8_us), cell(lt_us), cell(deq_us));
+      std::printf("%-15s %6ld %6ld %5ld |%s%s |%s%s%s%s%s%s%s%s%s |", s.name,
+                  static_cast<long>(s.n), static_cast<long>(s.k), static_cast<long>(m),
+                  cell(bf16[0].us), cell(small_us), cell(core_us), cell(mma_us), cell(mma16_us),
+                  cell(tiled_us), cell(tbest_us), cell(w8a8_us), cell(lt_us), cell(swap_us),
+                  cell(deq_us));
       std::printf(" %-6s %6.1f %6.0f |", b16.path, flops / b16.us / 1e6,
                   (2.0 * fp8_bytes + act_out) / b16.us / 1e3);
       if (fp8.empty()) {
@@ -364,6 +403,10 @@ class DenseBench {
     }
     for (void* p : std::vector<void*>{a, a16, c, q, qs, deq, d_pad, tiled_ws}) {
       BENCH_CUDA(cudaFree(p));
+    }
+    if (swap_maps != nullptr) {
+      BENCH_CUDA(cudaFree(swap_maps));
+      BENCH_CUDA(cudaFree(const_cast<float**>(swap_scales)));
     }
   }
 
@@ -404,7 +447,13 @@ void GroupedBench(const MoeShape& ms) {
     const uint8_t* const* dsc4 = bench::Upload(sc4);
     const float* const* dsc = bench::Upload(sc);
     const uint16_t* const* dw16 = bench::Upload(w16);
-    for (int32_t tokens : {1, 8, 64, 128}) {
+    // The swap-AB kernel's weight descriptors, built once per weight set.
+    const bool swap_ok = kernels::Fp8WgmmaSwapDeviceSupports();
+    void* swap_maps = DeviceAlloc<void>(kernels::Fp8WgmmaSwapWeightMapsBytes(E));
+    if (swap_ok) {
+      BENCH_CUDA(kernels::Fp8WgmmaSwapBuildWeightMaps(E, w8.data(), n, k, k, swap_maps, nullptr));
+    }
+    for (int32_t tokens : {1, 8, 64, 128, 256}) {
       const bench::Routing routing = bench::RandomRouting(tokens, E, K);
       const int32_t busy = routing.busy;
       const int32_t rows = tokens * K;
@@ -461,6 +510,31 @@ void GroupedBench(const MoeShape& ms) {
           4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Fp8GroupedGemm(op, st)); });
       const double bf16_us = GraphMicros(
           4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::GroupedGemmBf16(bp, st)); });
+      // W8A8 swap-AB: e4m3 rows and their grouped scales from the bf16 rows.
+      const int64_t blocks = kernels::Fp8ScaleCols(k);
+      uint8_t* q8 = DeviceAlloc<uint8_t>(static_cast<size_t>(rows) * k);
+      float* qs = DeviceAlloc<float>(static_cast<size_t>(rows) * blocks * sizeof(float));
+      kernels::Fp8QuantizeParams qp;
+      qp.m = rows, qp.k = k, qp.a = a16, qp.a_bf16 = true, qp.lda = k, qp.q = q8, qp.ldq = k;
+      qp.scales = qs, qp.m_pad = rows, qp.group_offsets = doff, qp.num_groups = E;
+      BENCH_CUDA(kernels::Fp8QuantizeRows(qp, nullptr));
+      kernels::Fp8WgmmaSwapGroupedGemmParams sp;
+      sp.num_groups = E, sp.max_rows = rows, sp.offsets = doff, sp.n = n, sp.k = k, sp.a = q8;
+      sp.lda = k, sp.a_scales = qs, sp.weight_maps = swap_maps, sp.scales = dsc;
+      sp.scale_ld = kernels::Fp8ScaleLd(k), sp.split_rows = split, sp.c = c, sp.ldc = n;
+      sp.rows_per_group_hint = mp.rows_per_group_hint;
+      const bool swap_takes = swap_ok && kernels::Fp8WgmmaSwapGroupedGemmSupports(sp);
+      const double swap_us =
+          swap_takes ? GraphMicros(4,
+                                   [&](int, cudaStream_t st) {
+                                     BENCH_CUDA(kernels::Fp8WgmmaSwapGroupedGemm(sp, st));
+                                   })
+                     : -1;
+      const double quant_us =
+          swap_takes
+              ? GraphMicros(
+                    4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Fp8QuantizeRows(qp, st)); })
+              : -1;
       const double fp8_busy = static_cast<double>(busy) * (bytes + scales.size() * 4);
       const double bf16_busy = static_cast<double>(busy) * bytes * 2;
       std::printf(
@@ -479,7 +553,16 @@ void GroupedBench(const MoeShape& ms) {
           busy, mx_us, mx_us > 0 ? mx_busy / mx_us / 1e3 : 0.0, mx_regs_us,
           mx_regs_us > 0 ? mx_busy / mx_regs_us / 1e3 : 0.0, mx_us > 0 ? bf16_us / mx_us : 0.0,
           mx_us > 0 && mma_us > 0 ? mma_us / mx_us : 0.0);
-      for (void* p : std::vector<void*>{doff, a, a16, c}) BENCH_CUDA(cudaFree(p));
+      const double swap_all = swap_us + quant_us;
+      std::printf(
+          "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | fp8 wgmma-swap %8.2f us %5.0f GB/s | "
+          "quant %6.2f us | swap+quant vs mma %5.2fx | swap+quant vs bf16 %5.2fx (hint %d, N %d)\n",
+          ms.name, gate_up ? "gate_up" : "down", static_cast<long>(n), static_cast<long>(k), tokens,
+          busy, swap_us, swap_us > 0 ? fp8_busy / swap_us / 1e3 : 0.0, quant_us,
+          swap_us > 0 && mma_us > 0 ? mma_us / swap_all : 0.0,
+          swap_us > 0 ? bf16_us / swap_all : 0.0, sp.rows_per_group_hint,
+          kernels::Fp8WgmmaSwapChunkRows(sp.rows_per_group_hint));
+      for (void* p : std::vector<void*>{doff, a, a16, c, q8, qs}) BENCH_CUDA(cudaFree(p));
     }
     for (int32_t e = 0; e < E; ++e) {
       BENCH_CUDA(cudaFree(const_cast<uint8_t*>(w8[e])));
@@ -493,6 +576,7 @@ void GroupedBench(const MoeShape& ms) {
     BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dw4)));
     BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dsc4)));
     BENCH_CUDA(cudaFree(const_cast<uint16_t**>(dw16)));
+    BENCH_CUDA(cudaFree(swap_maps));
   }
 }
 
@@ -503,6 +587,7 @@ int main(int argc, char** argv) {
   using deepinfer::bench::GemmShape;
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool variants = argc > 1 && std::strcmp(argv[1], "--variants") == 0;
+  const bool grouped = argc > 1 && std::strcmp(argv[1], "--grouped") == 0;
   const std::vector<int64_t> ms =
       quick ? std::vector<int64_t>{1, 8, 16, 32, 64, 128, 256, 1024}
             : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096};
@@ -521,10 +606,16 @@ int main(int argc, char** argv) {
         shapes, {{"moonlight", 64, 6, 2048, 1408}, deepinfer::bench::DeepSeekV3Moe()});
     return 0;
   }
+  if (grouped) {
+    deepinfer::GroupedBench({"moonlight", 64, 6, 2048, 1408});
+    deepinfer::GroupedBench(deepinfer::bench::DeepSeekV3Moe());
+    return 0;
+  }
   std::printf(
-      "%-15s %6s %6s %5s |%9s%9s |%9s%9s%9s%9s%9s%9s%9s%9s | %-6s %6s %6s | %-5s %6s %6s | fp8\n",
+      "%-15s %6s %6s %5s |%9s%9s |%9s%9s%9s%9s%9s%9s%9s%9s%9s | %-6s %6s %6s | %-5s %6s %6s | "
+      "fp8\n",
       "shape", "n", "k", "m", "cublas", "small", "core", "mma", "mma16", "tiled", "tbest", "w8a8",
-      "lt", "deq", "bf16", "TF/s", "GB/s", "fp8", "TF/s", "GB/s");
+      "lt", "swap", "deq", "bf16", "TF/s", "GB/s", "fp8", "TF/s", "GB/s");
   deepinfer::DenseBench dense;
   for (const GemmShape& s : shapes) dense.Run(s, ms);
   deepinfer::PrintSummary(dense.cells(), ms);

@@ -1,0 +1,230 @@
+// Fp8WgmmaSwapGroupedGemm against the W8A8 product in double on the host: random e4m3
+// activations with random per-row 1 x 128 block scales in Fp8QuantizeRows' grouped layout,
+// random e4m3 expert weights with 128 x 128 block scales. The bound is 2^-9 of the sum of the
+// terms' magnitudes (the tensor cores add one k block's 128 products with fewer bits than fp32;
+// the promotion to fp32 is per block); a wrong swizzle, descriptor, fragment or scale index is
+// off by about the sum itself. Also: rows past the groups and padding columns untouched, two
+// runs bit-identical, one CUDA-graph replay bit-identical. Skips itself without a compute
+// capability 9.0 device.
+#include "kernels/gemm/fp8_wgmma_decode.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/testing/fp8_test_util.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "worker/model/dtype_conversion.h"
+
+namespace deepinfer {
+namespace kernels {
+namespace {
+
+using fp8_testing::HostFp8;
+using testing::DeviceArray;
+
+constexpr double kUnit = 1.0 / 512;
+
+#define SKIP_WITHOUT_WGMMA()                                                               \
+  do {                                                                                     \
+    DEEPINFER_SKIP_WITHOUT_GPU();                                                          \
+    if (!Fp8WgmmaSwapDeviceSupports()) GTEST_SKIP() << "no compute capability 9.0 device"; \
+  } while (0)
+
+// Groups cycle through `rows` (num_groups of them); group g multiplies weight g % weights (a few
+// distinct matrices keep the host product cheap at 256 experts). dense: the form without offsets
+// (one group of all max_rows rows).
+struct SwapCase {
+  int32_t num_groups;
+  std::vector<int32_t> rows;
+  int32_t weights;
+  int64_t n, k, split;
+  int32_t hint;
+  int64_t ldc_pad;
+  bool dense = false;
+};
+
+class Fp8WgmmaSwapTest : public ::testing::TestWithParam<SwapCase> {};
+
+TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
+  SKIP_WITHOUT_WGMMA();
+  const SwapCase c = GetParam();
+  const int64_t n = c.n, k = c.k, ldc = n + c.ldc_pad, blocks = Fp8ScaleCols(k);
+  const int32_t G = c.num_groups;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 gen(seed);
+
+  std::vector<int32_t> offsets(G + 1, 0);
+  for (int32_t g = 0; g < G; ++g) offsets[g + 1] = offsets[g] + c.rows[g % c.rows.size()];
+  const int32_t total = offsets[G];
+  const int32_t max_rows = c.dense ? total : total + 5;  // rows past the groups: left untouched
+  const int64_t lda = k;
+
+  std::vector<HostFp8> w;
+  for (int32_t i = 0; i < c.weights; ++i) {
+    w.push_back(fp8_testing::MakeWeight(n, k, k, c.split, &gen));
+  }
+  // Activations: every row of the buffer random (the rows past the groups too, as stale data).
+  const std::vector<uint8_t> a = fp8_testing::RandomFp8(size_t(max_rows) * lda, &gen);
+  std::vector<float> sa(std::max<int64_t>(int64_t{total} * blocks, 1));
+  {
+    std::vector<float> r = fp8_testing::RandomScales(sa.size(), &gen);
+    for (size_t i = 0; i < sa.size(); ++i) sa[i] = std::abs(r[i]) * 64.0f;
+  }
+
+  std::vector<DeviceArray<uint8_t>*> dw;
+  std::vector<DeviceArray<float>*> dws;
+  std::vector<const uint8_t*> host_w(G);
+  std::vector<const float*> host_s(G);
+  for (int32_t i = 0; i < c.weights; ++i) {
+    dw.push_back(new DeviceArray<uint8_t>(w[i].data));
+    dws.push_back(new DeviceArray<float>(w[i].scales));
+  }
+  for (int32_t g = 0; g < G; ++g) {
+    host_w[g] = dw[g % c.weights]->get();
+    host_s[g] = dws[g % c.weights]->get();
+  }
+  DeviceArray<uint8_t> maps(Fp8WgmmaSwapWeightMapsBytes(G));
+  DEEPINFER_CUDA_OK(Fp8WgmmaSwapBuildWeightMaps(G, host_w.data(), n, k, k, maps.get(), nullptr));
+  DeviceArray<const float*> dscales(host_s);
+  DeviceArray<int32_t> doff(offsets);
+  DeviceArray<uint8_t> da(a);
+  DeviceArray<float> dsa(sa);
+  DeviceArray<float> dc(size_t(max_rows) * ldc);
+  dc.Poison();
+
+  Fp8WgmmaSwapGroupedGemmParams p;
+  p.num_groups = G, p.max_rows = max_rows, p.offsets = c.dense ? nullptr : doff.get();
+  p.n = n, p.k = k, p.a = da.get(), p.lda = lda, p.a_scales = dsa.get();
+  p.weight_maps = maps.get(), p.scales = dscales.get();
+  p.scale_ld = w[0].scale_ld, p.split_rows = c.split;
+  p.c = dc.get(), p.ldc = ldc, p.rows_per_group_hint = c.hint;
+  ASSERT_TRUE(Fp8WgmmaSwapGroupedGemmSupports(p));
+  DEEPINFER_CUDA_OK(Fp8WgmmaSwapGroupedGemm(p, nullptr));
+  std::vector<float> got;
+  DEEPINFER_CUDA_OK(dc.Download(&got));
+
+  for (int32_t g = 0; g < G; ++g) {
+    const int32_t r0 = offsets[g], count = offsets[g + 1] - r0;
+    if (count == 0) continue;
+    std::vector<double> x(int64_t{count} * k);
+    for (int32_t i = 0; i < count; ++i) {
+      for (int64_t q = 0; q < k; ++q) {
+        x[i * k + q] = static_cast<double>(F8E4M3ToFloat(a[(r0 + i) * lda + q])) *
+                       sa[int64_t{r0} * blocks + (q / kFp8BlockSize) * count + i];
+      }
+    }
+    std::vector<double> want, mag;
+    fp8_testing::DequantisedProduct(x, k, count, w[g % c.weights], &want, &mag);
+    std::vector<float> gg(int64_t{count} * n);
+    for (int32_t i = 0; i < count; ++i) {
+      for (int64_t j = 0; j < n; ++j) gg[i * n + j] = got[(r0 + i) * ldc + j];
+    }
+    ASSERT_TRUE(fp8_testing::WithinBound(gg, want, fp8_testing::Bound(mag, kUnit)))
+        << "group " << g << " of " << count << " rows";
+  }
+  for (int64_t r = 0; r < max_rows; ++r) {
+    for (int64_t j = (r < total ? n : 0); j < ldc; ++j) {
+      ASSERT_TRUE(std::isnan(got[r * ldc + j])) << "untouched row " << r << " column " << j;
+    }
+  }
+
+  // Run again: the same bits.
+  dc.Poison();
+  DEEPINFER_CUDA_OK(Fp8WgmmaSwapGroupedGemm(p, nullptr));
+  std::vector<float> again;
+  DEEPINFER_CUDA_OK(dc.Download(&again));
+  EXPECT_TRUE(testing::SameBits(got, again, got.size()));
+
+  // Captured in a CUDA graph and replayed: the same bits.
+  cudaStream_t stream;
+  DEEPINFER_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  dc.Poison();
+  DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
+  cudaGraph_t graph;
+  DEEPINFER_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const cudaError_t launched = Fp8WgmmaSwapGroupedGemm(p, stream);
+  DEEPINFER_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  DEEPINFER_CUDA_OK(launched);
+  cudaGraphExec_t exec;
+  DEEPINFER_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  DEEPINFER_CUDA_OK(cudaGraphLaunch(exec, stream));
+  DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<float> replayed;
+  DEEPINFER_CUDA_OK(dc.Download(&replayed));
+  EXPECT_TRUE(testing::SameBits(got, replayed, got.size()));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  for (auto* d : dw) delete d;
+  for (auto* d : dws) delete d;
+}
+
+const std::vector<int32_t> kSizes = {0, 1, 7, 12, 33, 64, 200};
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8WgmmaSwapTest,
+    ::testing::Values(
+        // Moonlight: gate_up [2816 x 2048] stacked at 1408, down [2048 x 1408]; 64 experts.
+        SwapCase{7, kSizes, 3, 2816, 2048, 1408, 0, 0},
+        SwapCase{7, kSizes, 3, 2816, 2048, 1408, 8, 0},
+        SwapCase{7, kSizes, 2, 2048, 1408, 0, 16, 4}, SwapCase{7, kSizes, 2, 2048, 1408, 0, 24, 0},
+        SwapCase{7, kSizes, 3, 2816, 2048, 1408, 64, 0},
+        SwapCase{64, {12, 0, 7, 1, 12}, 3, 2816, 2048, 1408, 12, 0},
+        SwapCase{64, {12, 33, 0}, 2, 2048, 1408, 0, 32, 0},
+        // DeepSeek-V3: gate_up [4096 x 7168] stacked at 2048, down [7168 x 2048]; 256 experts,
+        // most idle.
+        SwapCase{256, {0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 0, 12, 0, 0, 0, 0}, 2, 4096, 7168, 2048, 8, 0},
+        SwapCase{256, {0, 0, 0, 0, 0, 0, 0, 33, 0, 0, 0, 0, 0, 0, 0, 0}, 2, 7168, 2048, 0, 32, 0},
+        SwapCase{5, {64, 200, 0, 1, 12}, 2, 7168, 2048, 0, 16, 2},
+        // Dense: Moonlight o_proj at 128 rows (N 64) and 64 (N 32), q_proj at 33.
+        SwapCase{1, {128}, 1, 2048, 2048, 0, 128, 4, true},
+        SwapCase{1, {64}, 1, 2048, 2048, 0, 32, 0, true},
+        SwapCase{1, {33}, 1, 3072, 2048, 0, 16, 0, true}));
+
+TEST(Fp8WgmmaSwapGroupedGemmTest, RefusesWhatItCannotRun) {
+  SKIP_WITHOUT_WGMMA();
+  DeviceArray<uint8_t> buf(1 << 20);
+  Fp8WgmmaSwapGroupedGemmParams p;
+  p.num_groups = 2, p.max_rows = 4, p.offsets = reinterpret_cast<const int32_t*>(buf.get());
+  p.n = 256, p.k = 256, p.a = buf.get(), p.lda = 256;
+  p.a_scales = reinterpret_cast<const float*>(buf.get());
+  p.weight_maps = buf.get(), p.scales = reinterpret_cast<const float* const*>(buf.get());
+  p.scale_ld = 4, p.c = reinterpret_cast<float*>(buf.get()), p.ldc = 256;
+  EXPECT_TRUE(Fp8WgmmaSwapGroupedGemmSupports(p));
+  Fp8WgmmaSwapGroupedGemmParams q = p;
+  q.k = 192, q.lda = 192;  // not a multiple of 128
+  EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
+  EXPECT_EQ(Fp8WgmmaSwapGroupedGemm(q, nullptr), cudaErrorInvalidValue);
+  q = p;
+  q.split_rows = 64;  // a 128-row tile with two scale rows
+  EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
+  q = p;
+  q.a = buf.get() + 8;  // TMA needs 16-byte aligned rows
+  EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
+  q = p;
+  q.weight_maps = buf.get() + 16;  // descriptors are 64-byte aligned
+  EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
+  q = p;
+  q.offsets = nullptr;  // dense: one group
+  EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
+  q.num_groups = 1;
+  EXPECT_TRUE(Fp8WgmmaSwapGroupedGemmSupports(q));
+}
+
+TEST(Fp8WgmmaSwapGroupedGemmTest, ChunkRowsFollowTheHint) {
+  EXPECT_EQ(Fp8WgmmaSwapChunkRows(0), 32);
+  EXPECT_EQ(Fp8WgmmaSwapChunkRows(1), 8);
+  EXPECT_EQ(Fp8WgmmaSwapChunkRows(12), 16);
+  EXPECT_EQ(Fp8WgmmaSwapChunkRows(20), 24);
+  EXPECT_EQ(Fp8WgmmaSwapChunkRows(32), 32);
+  EXPECT_EQ(Fp8WgmmaSwapChunkRows(33), 64);
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace deepinfer
