@@ -1,5 +1,9 @@
-// Activation quantisation to e4m3 per 128-wide block: see fp8_quantize.h. One warp per (row, k
-// block), four values a lane.
+// Activation quantisation to e4m3 per 128-wide block: see fp8_quantize.h. One warp per row (a
+// source row when scattered), four 128-wide blocks an iteration, eight lanes a block, sixteen
+// contiguous values a lane: 16-byte loads of a (four for fp32, two for bf16, four for SwiGLU's
+// gate and up) and one 16-byte store of e4m3 bytes per lane and destination row. A row's group
+// (its scales' place) is looked up once per row, a scattered row's destinations once per source
+// row (lane j holds destination j).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -14,32 +18,46 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = kThreads / 32;
 constexpr int64_t kBlock = 128;
+constexpr int kValues = 16;               // a lane's values of its block
+constexpr int64_t kChunk = 32 * kValues;  // a warp's columns an iteration
+constexpr int kMaxDests = 32;             // a lane per destination
 
-// Where row `row`'s block kb's scale goes: the plain layout, or its group's packed one (-1: a
-// row past the last group).
-__device__ __forceinline__ int64_t ScaleAt(const Fp8QuantizeParams& p, int64_t row, int64_t kb,
-                                           int64_t blocks_per_row) {
-  if (p.group_offsets == nullptr) return kb * p.m_pad + row;
-  if (row >= p.group_offsets[p.num_groups]) return -1;
+// Where row `row`'s scales go: block kb's at base + kb * stride. The plain layout, or its group's
+// packed one; false for a row past the last group.
+__device__ __forceinline__ bool ScalePlace(const Fp8QuantizeParams& p, int64_t row,
+                                           int64_t blocks_per_row, int64_t* base,
+                                           int64_t* stride) {
+  if (p.group_offsets == nullptr) {
+    *base = row;
+    *stride = p.m_pad;
+    return true;
+  }
+  const int32_t* off = p.group_offsets;
+  if (row >= __ldg(off + p.num_groups)) return false;
   int lo = 0, hi = p.num_groups - 1;  // the last group starting at or before row holds it
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (p.group_offsets[mid] <= row) {
+    if (__ldg(off + mid) <= row) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
-  const int64_t base = p.group_offsets[lo], count = p.group_offsets[lo + 1] - base;
-  return base * blocks_per_row + kb * count + (row - base);
+  const int64_t first = __ldg(off + lo), count = __ldg(off + lo + 1) - first;
+  *base = first * blocks_per_row + (row - first);
+  *stride = count;
+  return true;
 }
 
-__device__ __forceinline__ void Widen4(uint2 v, float x[4]) {
-  x[0] = __uint_as_float(v.x << 16);
-  x[1] = __uint_as_float(v.x & 0xFFFF0000u);
-  x[2] = __uint_as_float(v.y << 16);
-  x[3] = __uint_as_float(v.y & 0xFFFF0000u);
+__device__ __forceinline__ void Widen8(uint4 v, float* x) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = __uint_as_float(w[i] << 16);
+    x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+  }
 }
 
 // kernels::SiluMulBf16's value: expf (not __expf), the product rounded to bf16.
@@ -47,89 +65,125 @@ __device__ __forceinline__ float SiluMulRounded(float g, float u) {
   return __bfloat162float(__float2bfloat16_rn(g / (1.0f + expf(-g)) * u));
 }
 
-// Values col .. col + 3 of source row `row` (col < k).
+// Values col .. col + 15 of source row `row` (col + 16 <= k).
 template <bool kBf16A, bool kSiluMul>
-__device__ __forceinline__ void Load4(const Fp8QuantizeParams& p, int64_t row, int64_t col,
-                                      float x[4]) {
+__device__ __forceinline__ void Load16(const Fp8QuantizeParams& p, int64_t row, int64_t col,
+                                       float x[kValues]) {
   if constexpr (kSiluMul) {
-    const uint16_t* r = static_cast<const uint16_t*>(p.a) + row * p.lda;
-    float g[4], u[4];
-    Widen4(*reinterpret_cast<const uint2*>(r + col), g);
-    Widen4(*reinterpret_cast<const uint2*>(r + p.k + col), u);
+    const uint4* g = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) +
+                                                    row * p.lda + col);
+    const uint4* u = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) +
+                                                    row * p.lda + p.k + col);
+    const uint4 g0 = g[0], g1 = g[1], u0 = u[0], u1 = u[1];
+    float gf[kValues], uf[kValues];
+    Widen8(g0, gf);
+    Widen8(g1, gf + 8);
+    Widen8(u0, uf);
+    Widen8(u1, uf + 8);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] = SiluMulRounded(g[i], u[i]);
+    for (int i = 0; i < kValues; ++i) x[i] = SiluMulRounded(gf[i], uf[i]);
   } else if constexpr (kBf16A) {
-    Widen4(*reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.a) + row * p.lda + col),
-           x);
+    const uint4* r = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) +
+                                                    row * p.lda + col);
+    const uint4 v0 = r[0], v1 = r[1];
+    Widen8(v0, x);
+    Widen8(v1, x + 8);
   } else {
-    const float4 v =
-        *reinterpret_cast<const float4*>(static_cast<const float*>(p.a) + row * p.lda + col);
-    x[0] = v.x;
-    x[1] = v.y;
-    x[2] = v.z;
-    x[3] = v.w;
+    const float4* r =
+        reinterpret_cast<const float4*>(static_cast<const float*>(p.a) + row * p.lda + col);
+    float4 v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = r[i];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[4 * i] = v[i].x;
+      x[4 * i + 1] = v[i].y;
+      x[4 * i + 2] = v[i].z;
+      x[4 * i + 3] = v[i].w;
+    }
   }
 }
 
-// The warp's 128-wide block (four values a lane): its scale (1 for a padding row) and the lane's
-// four e4m3 bytes (zeros for a padding row).
-__device__ __forceinline__ float QuantizeBlock(const float x[4], bool real, uint32_t* packed) {
-  float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
+// The eight lanes' 128-wide block (sixteen values a lane; the lanes of a block are 8-aligned in
+// the warp, every lane of the warp calls it): its scale (1 for a padding row) and the lane's
+// sixteen e4m3 bytes (zeros for a padding row).
+__device__ __forceinline__ float QuantizeBlock(const float x[kValues], bool real, uint4* packed) {
+  float amax = 0.0f;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  for (int i = 0; i < kValues; ++i) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
   const float s = real ? fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN) : 1.0f;
-  *packed = 0;
+  uint32_t w[4] = {0, 0, 0, 0};
   if (real) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const __nv_fp8_storage_t q =
-          __nv_cvt_float_to_fp8(__fdiv_rn(x[i], s), __NV_SATFINITE, __NV_E4M3);
-      *packed |= static_cast<uint32_t>(q) << (8 * i);
+      const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(
+          make_float2(__fdiv_rn(x[4 * i], s), __fdiv_rn(x[4 * i + 1], s)), __NV_SATFINITE,
+          __NV_E4M3);
+      const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
+          make_float2(__fdiv_rn(x[4 * i + 2], s), __fdiv_rn(x[4 * i + 3], s)), __NV_SATFINITE,
+          __NV_E4M3);
+      w[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
     }
   }
+  *packed = make_uint4(w[0], w[1], w[2], w[3]);
   return s;
 }
 
-// One warp per (row of q, k block).
+// One warp per row of q: its blocks quantised in place, scales at the row's place.
 template <bool kBf16A, bool kSiluMul>
 __global__ void __launch_bounds__(kThreads)
     QuantizeKernel(Fp8QuantizeParams p, int64_t blocks_per_row) {
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  const int64_t row = warp / blocks_per_row, kb = warp % blocks_per_row;
   if (row >= p.m_pad) return;  // whole warps
-  const int64_t scale_at = ScaleAt(p, row, kb, blocks_per_row);
-  if (scale_at < 0) return;
-  const int64_t col = kb * kBlock + 4 * lane;
+  int64_t scale_base, scale_stride;
+  if (!ScalePlace(p, row, blocks_per_row, &scale_base, &scale_stride)) return;
   const bool real = row < p.m;
-  float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (real && col < p.k) Load4<kBf16A, kSiluMul>(p, row, col, x);
-  uint32_t packed;
-  const float s = QuantizeBlock(x, real, &packed);
-  if (col < p.k) *reinterpret_cast<uint32_t*>(p.q + row * p.ldq + col) = packed;
-  if (lane == 0) p.scales[scale_at] = s;
+  uint8_t* const q_row = p.q + row * p.ldq;
+  for (int64_t c0 = 0; c0 < p.k; c0 += kChunk) {
+    const int64_t col = c0 + kValues * lane;
+    float x[kValues] = {};
+    if (real && col < p.k) Load16<kBf16A, kSiluMul>(p, row, col, x);
+    uint4 packed;
+    const float s = QuantizeBlock(x, real, &packed);
+    if (col < p.k) {
+      *reinterpret_cast<uint4*>(q_row + col) = packed;
+      if (lane % 8 == 0) p.scales[scale_base + (col / kBlock) * scale_stride] = s;
+    }
+  }
 }
 
-// One warp per (source row, k block): quantised once, written to each of its destination rows.
+// One warp per source row: each block quantised once, written to each of the row's destination
+// rows (lane j < dests_per_row holds destination j's row and scale place).
 template <bool kBf16A, bool kSiluMul>
 __global__ void __launch_bounds__(kThreads)
     QuantizeScatterKernel(Fp8QuantizeParams p, int64_t blocks_per_row) {
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  const int64_t row = warp / blocks_per_row, kb = warp % blocks_per_row;
   if (row >= p.m) return;  // whole warps
-  const int64_t col = kb * kBlock + 4 * lane;
-  float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (col < p.k) Load4<kBf16A, kSiluMul>(p, row, col, x);
-  uint32_t packed;
-  const float s = QuantizeBlock(x, true, &packed);
-  for (int32_t j = 0; j < p.dests_per_row; ++j) {
-    const int64_t dest = p.dest_rows[row * p.dests_per_row + j];
-    if (dest < 0) continue;
-    const int64_t scale_at = ScaleAt(p, dest, kb, blocks_per_row);
-    if (scale_at < 0) continue;
-    if (col < p.k) *reinterpret_cast<uint32_t*>(p.q + dest * p.ldq + col) = packed;
-    if (lane == 0) p.scales[scale_at] = s;
+  const int dests = p.dests_per_row;
+  int64_t dest = -1, scale_base = 0, scale_stride = 0;
+  if (lane < dests) {
+    dest = __ldg(p.dest_rows + row * dests + lane);
+    if (dest >= 0 && !ScalePlace(p, dest, blocks_per_row, &scale_base, &scale_stride)) dest = -1;
+  }
+  for (int64_t c0 = 0; c0 < p.k; c0 += kChunk) {
+    const int64_t col = c0 + kValues * lane;
+    float x[kValues] = {};
+    if (col < p.k) Load16<kBf16A, kSiluMul>(p, row, col, x);
+    uint4 packed;
+    const float s = QuantizeBlock(x, true, &packed);
+    const int64_t kb = col / kBlock;
+    for (int j = 0; j < dests; ++j) {
+      const int64_t d = __shfl_sync(0xFFFFFFFFu, dest, j);
+      const int64_t base = __shfl_sync(0xFFFFFFFFu, scale_base, j);
+      const int64_t stride = __shfl_sync(0xFFFFFFFFu, scale_stride, j);
+      if (d < 0 || col >= p.k) continue;
+      *reinterpret_cast<uint4*>(p.q + d * p.ldq + col) = packed;
+      if (lane % 8 == 0) p.scales[base + kb * stride] = s;
+    }
   }
 }
 
@@ -166,17 +220,17 @@ cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream) {
       (p.lda * a_elem) % 16 != 0 || p.ldq < p.k || p.ldq % 16 != 0 || p.q == nullptr ||
       p.scales == nullptr || !Aligned16(p.q) || (p.m > 0 && (p.a == nullptr || !Aligned16(p.a))) ||
       (p.group_offsets != nullptr && p.num_groups < 1) || (p.silu_mul && !p.a_bf16) ||
-      (p.dest_rows != nullptr && (p.group_offsets == nullptr || p.dests_per_row < 1))) {
+      (p.dest_rows != nullptr && (p.group_offsets == nullptr || p.dests_per_row < 1 ||
+                                 p.dests_per_row > kMaxDests))) {
     return cudaErrorInvalidValue;
   }
   Fp8QuantizeParams q = p;
   if (q.group_offsets != nullptr) q.m_pad = q.m;  // only the groups' rows
-  // Scattered: one warp per source row and block; otherwise per row of q.
+  // Scattered: one warp per source row; otherwise per row of q.
   const int64_t launch_rows = q.dest_rows != nullptr ? q.m : q.m_pad;
   if (launch_rows == 0) return cudaSuccess;
   const int64_t blocks_per_row = (p.k + kBlock - 1) / kBlock;
-  const int64_t warps = launch_rows * blocks_per_row;
-  const int64_t grid = (warps * 32 + kThreads - 1) / kThreads;
+  const int64_t grid = (launch_rows + kRowsPerBlock - 1) / kRowsPerBlock;
   if (grid > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const unsigned g = static_cast<unsigned>(grid);
   if (q.silu_mul) {

@@ -44,8 +44,8 @@ struct Fp8QuantizeParams {
   bool silu_mul = false;
   // Rows scattered (the routed experts' permutation, kernels/moe/moe_permute.h's choice_row):
   // source row i < m of a is quantised once and written to rows dest_rows[i * dests_per_row + j]
-  // of q (j < dests_per_row; -1: none), its scales in group_offsets' layout (required; m_pad
-  // unused). Rows of q no source row maps to (a group's padding rows) are left untouched.
+  // of q (j < dests_per_row <= 32; -1: none), its scales in group_offsets' layout (required;
+  // m_pad unused). Rows of q no source row maps to (a group's padding rows) are left untouched.
   const int32_t* dest_rows = nullptr;
   int32_t dests_per_row = 0;
 };

@@ -162,13 +162,21 @@ float HostBlock(const float* x, int64_t n, uint8_t* q) {
 
 // Scattered rows (the routed experts' permutation): each source row quantised into each of its
 // destination rows, scales in the groups' packed layout; rows no source maps to (the groups'
-// padding) untouched.
-TEST(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
+// padding) untouched. Widths of one warp iteration (512 columns) or several with a partial block,
+// three destinations a row or the most (32).
+struct ScatterCase {
+  int64_t k;
+  int32_t dests;
+};
+
+class Fp8QuantizeRowsScatterTest : public ::testing::TestWithParam<ScatterCase> {};
+
+TEST_P(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const int64_t m = 9, k = 384, blocks = Fp8ScaleCols(k);
-  const int32_t dests = 3, groups = 3;
+  const int64_t m = 9, k = GetParam().k, blocks = Fp8ScaleCols(k);
+  const int32_t dests = GetParam().dests, groups = 3;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " k " << k << " dests " << dests);
   // Choice (i, j) goes to group (i + j) % groups, one choice to none; rows by (i, j) inside a
   // group, each group padded to 4 rows.
   std::vector<int32_t> group_of(m * dests), counts(groups, 0);
@@ -193,7 +201,7 @@ TEST(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
   for (bool a_bf16 : {false, true}) {
     SCOPED_TRACE(a_bf16 ? "bf16 rows" : "fp32 rows");
     std::vector<float> a = testing::RandomFloats(m * k, seed, 3.0f);
-    for (int64_t p = 0; p < k; ++p) a[1 * k + p] *= std::ldexp(1.0f, (p / 128) * 9 - 9);
+    for (int64_t p = 0; p < k; ++p) a[1 * k + p] *= std::ldexp(1.0f, (p / 128) % 4 * 9 - 9);
     if (a_bf16) {
       for (float& x : a) x = RoundToBf16(x);
     }
@@ -230,13 +238,16 @@ TEST(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
           const float got_s = s[base * blocks + b * count + (r - base)];
           if (source_of[r] < 0) {
             ASSERT_TRUE(std::isnan(got_s)) << "scale of padding row " << r << " written";
-            for (int64_t c = b * 128; c < (b + 1) * 128; ++c) ASSERT_EQ(q[r * k + c], 0xFF) << r;
+            for (int64_t c = b * 128; c < std::min(k, (b + 1) * 128); ++c) {
+              ASSERT_EQ(q[r * k + c], 0xFF) << r;
+            }
             continue;
           }
+          const int64_t n = std::min<int64_t>(128, k - b * 128);
           uint8_t want[128];
-          const float want_s = HostBlock(&a[source_of[r] * k + b * 128], 128, want);
+          const float want_s = HostBlock(&a[source_of[r] * k + b * 128], n, want);
           ASSERT_EQ(got_s, want_s) << "row " << r << " block " << b;
-          for (int64_t c = 0; c < 128; ++c) {
+          for (int64_t c = 0; c < n; ++c) {
             ASSERT_EQ(q[r * k + b * 128 + c], want[c]) << "row " << r << " column " << b * 128 + c;
           }
         }
@@ -244,6 +255,10 @@ TEST(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8QuantizeRowsScatterTest,
+                         ::testing::Values(ScatterCase{384, 3}, ScatterCase{2064, 8},
+                                           ScatterCase{1040, 32}));
 
 // SwiGLU's product quantised: the rows are bf16 [gate | up], the value quantised bf16(silu(g) *
 // u) as SiluMulBf16 rounds it (expf on the host and the device may differ by an ulp: a block
@@ -330,6 +345,10 @@ TEST(Fp8QuantizeRowsArgsTest, RejectsBadLayouts) {
   p.silu_mul = false;
   p.dest_rows = reinterpret_cast<const int32_t*>(uintptr_t{1024});
   p.dests_per_row = 2;  // scattered rows need group offsets
+  EXPECT_EQ(Fp8QuantizeRows(p, nullptr), cudaErrorInvalidValue);
+  p.group_offsets = reinterpret_cast<const int32_t*>(uintptr_t{2048});
+  p.num_groups = 4;
+  p.dests_per_row = 33;  // a lane per destination
   EXPECT_EQ(Fp8QuantizeRows(p, nullptr), cudaErrorInvalidValue);
 }
 
