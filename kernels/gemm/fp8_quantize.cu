@@ -27,8 +27,7 @@ constexpr int kMaxDests = 32;             // a lane per destination
 // Where row `row`'s scales go: block kb's at base + kb * stride. The plain layout, or its group's
 // packed one; false for a row past the last group.
 __device__ __forceinline__ bool ScalePlace(const Fp8QuantizeParams& p, int64_t row,
-                                           int64_t blocks_per_row, int64_t* base,
-                                           int64_t* stride) {
+                                           int64_t blocks_per_row, int64_t* base, int64_t* stride) {
   if (p.group_offsets == nullptr) {
     *base = row;
     *stride = p.m_pad;
@@ -70,10 +69,10 @@ template <bool kBf16A, bool kSiluMul>
 __device__ __forceinline__ void Load16(const Fp8QuantizeParams& p, int64_t row, int64_t col,
                                        float x[kValues]) {
   if constexpr (kSiluMul) {
-    const uint4* g = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) +
-                                                    row * p.lda + col);
-    const uint4* u = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) +
-                                                    row * p.lda + p.k + col);
+    const uint4* g =
+        reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) + row * p.lda + col);
+    const uint4* u =
+        reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) + row * p.lda + p.k + col);
     const uint4 g0 = g[0], g1 = g[1], u0 = u[0], u1 = u[1];
     float gf[kValues], uf[kValues];
     Widen8(g0, gf);
@@ -83,8 +82,8 @@ __device__ __forceinline__ void Load16(const Fp8QuantizeParams& p, int64_t row, 
 #pragma unroll
     for (int i = 0; i < kValues; ++i) x[i] = SiluMulRounded(gf[i], uf[i]);
   } else if constexpr (kBf16A) {
-    const uint4* r = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) +
-                                                    row * p.lda + col);
+    const uint4* r =
+        reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) + row * p.lda + col);
     const uint4 v0 = r[0], v1 = r[1];
     Widen8(v0, x);
     Widen8(v1, x + 8);
@@ -118,9 +117,9 @@ __device__ __forceinline__ float QuantizeBlock(const float x[kValues], bool real
   if (real) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(
-          make_float2(__fdiv_rn(x[4 * i], s), __fdiv_rn(x[4 * i + 1], s)), __NV_SATFINITE,
-          __NV_E4M3);
+      const __nv_fp8x2_storage_t lo =
+          __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(x[4 * i], s), __fdiv_rn(x[4 * i + 1], s)),
+                                   __NV_SATFINITE, __NV_E4M3);
       const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
           make_float2(__fdiv_rn(x[4 * i + 2], s), __fdiv_rn(x[4 * i + 3], s)), __NV_SATFINITE,
           __NV_E4M3);
@@ -220,8 +219,8 @@ cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream) {
       (p.lda * a_elem) % 16 != 0 || p.ldq < p.k || p.ldq % 16 != 0 || p.q == nullptr ||
       p.scales == nullptr || !Aligned16(p.q) || (p.m > 0 && (p.a == nullptr || !Aligned16(p.a))) ||
       (p.group_offsets != nullptr && p.num_groups < 1) || (p.silu_mul && !p.a_bf16) ||
-      (p.dest_rows != nullptr && (p.group_offsets == nullptr || p.dests_per_row < 1 ||
-                                 p.dests_per_row > kMaxDests))) {
+      (p.dest_rows != nullptr &&
+       (p.group_offsets == nullptr || p.dests_per_row < 1 || p.dests_per_row > kMaxDests))) {
     return cudaErrorInvalidValue;
   }
   Fp8QuantizeParams q = p;

@@ -73,8 +73,7 @@ void Route(const Model& m, std::vector<int32_t>* dest, std::vector<int32_t>* off
   for (int64_t c = 0; c < choices; ++c) (*dest)[c] = next[expert[c]]++;
 }
 
-void Report(const char* model, const char* mode, int64_t rows, int64_t k, double bytes,
-            double ms) {
+void Report(const char* model, const char* mode, int64_t rows, int64_t k, double bytes, double ms) {
   std::printf("%-9s %-10s rows %7lld k %5lld  %9.1f us  %7.1f GB/s\n", model, mode,
               static_cast<long long>(rows), static_cast<long long>(k), ms * 1e3,
               bytes / (ms * 1e-3) / 1e9);
@@ -126,8 +125,8 @@ void RunModel(const Model& m) {
 
 int main() {
   using deepinfer::Model;
-  for (const Model& m : {Model{"moonlight", 32768, 2048, 1408, 64, 6},
-                         Model{"v3", 8192, 7168, 2048, 256, 8}}) {
+  for (const Model& m :
+       {Model{"moonlight", 32768, 2048, 1408, 64, 6}, Model{"v3", 8192, 7168, 2048, 256, 8}}) {
     deepinfer::RunModel(m);
   }
   return 0;
