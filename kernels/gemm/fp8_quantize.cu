@@ -2,8 +2,9 @@
 // source row when scattered), four 128-wide blocks an iteration, eight lanes a block, sixteen
 // contiguous values a lane: 16-byte loads of a (four for fp32, two for bf16, four for SwiGLU's
 // gate and up) and one 16-byte store of e4m3 bytes per lane and destination row. A row's group
-// (its scales' place) is looked up once per row, a scattered row's destinations once per source
-// row (lane j holds destination j).
+// (its scales' place) is looked up once per warp, a scattered row's destinations too (lane j
+// holds destination j). Fewer rows than kTargetWarps (decode): each row's iterations split over
+// up to that many warps, so a few long rows still fill the GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -23,6 +24,7 @@ constexpr int64_t kBlock = 128;
 constexpr int kValues = 16;               // a lane's values of its block
 constexpr int64_t kChunk = 32 * kValues;  // a warp's columns an iteration
 constexpr int kMaxDests = 32;             // a lane per destination
+constexpr int64_t kTargetWarps = 8192;    // about two waves of the H200's 132 SMs
 
 // Where row `row`'s scales go: block kb's at base + kb * stride. The plain layout, or its group's
 // packed one; false for a row past the last group.
@@ -130,18 +132,20 @@ __device__ __forceinline__ float QuantizeBlock(const float x[kValues], bool real
   return s;
 }
 
-// One warp per row of q: its blocks quantised in place, scales at the row's place.
+// One warp per (row of q, part): iterations part, part + splits, ... of the row quantised in
+// place, scales at the row's place.
 template <bool kBf16A, bool kSiluMul>
 __global__ void __launch_bounds__(kThreads)
-    QuantizeKernel(Fp8QuantizeParams p, int64_t blocks_per_row) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+    QuantizeKernel(Fp8QuantizeParams p, int64_t blocks_per_row, int64_t splits) {
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  const int64_t row = warp / splits, part = warp % splits;
   const int lane = threadIdx.x & 31;
   if (row >= p.m_pad) return;  // whole warps
   int64_t scale_base, scale_stride;
   if (!ScalePlace(p, row, blocks_per_row, &scale_base, &scale_stride)) return;
   const bool real = row < p.m;
   uint8_t* const q_row = p.q + row * p.ldq;
-  for (int64_t c0 = 0; c0 < p.k; c0 += kChunk) {
+  for (int64_t c0 = part * kChunk; c0 < p.k; c0 += splits * kChunk) {
     const int64_t col = c0 + kValues * lane;
     float x[kValues] = {};
     if (real && col < p.k) Load16<kBf16A, kSiluMul>(p, row, col, x);
@@ -154,12 +158,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One warp per source row: each block quantised once, written to each of the row's destination
-// rows (lane j < dests_per_row holds destination j's row and scale place).
+// One warp per (source row, part): each of the part's blocks quantised once, written to each of
+// the row's destination rows (lane j < dests_per_row holds destination j's row and scale place).
 template <bool kBf16A, bool kSiluMul>
 __global__ void __launch_bounds__(kThreads)
-    QuantizeScatterKernel(Fp8QuantizeParams p, int64_t blocks_per_row) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+    QuantizeScatterKernel(Fp8QuantizeParams p, int64_t blocks_per_row, int64_t splits) {
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  const int64_t row = warp / splits, part = warp % splits;
   const int lane = threadIdx.x & 31;
   if (row >= p.m) return;  // whole warps
   const int dests = p.dests_per_row;
@@ -168,7 +173,7 @@ __global__ void __launch_bounds__(kThreads)
     dest = __ldg(p.dest_rows + row * dests + lane);
     if (dest >= 0 && !ScalePlace(p, dest, blocks_per_row, &scale_base, &scale_stride)) dest = -1;
   }
-  for (int64_t c0 = 0; c0 < p.k; c0 += kChunk) {
+  for (int64_t c0 = part * kChunk; c0 < p.k; c0 += splits * kChunk) {
     const int64_t col = c0 + kValues * lane;
     float x[kValues] = {};
     if (col < p.k) Load16<kBf16A, kSiluMul>(p, row, col, x);
@@ -187,12 +192,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <bool kBf16A, bool kSiluMul>
-void Launch(const Fp8QuantizeParams& q, int64_t blocks_per_row, unsigned grid,
+void Launch(const Fp8QuantizeParams& q, int64_t blocks_per_row, int64_t splits, unsigned grid,
             cudaStream_t stream) {
   if (q.dest_rows != nullptr) {
-    QuantizeScatterKernel<kBf16A, kSiluMul><<<grid, kThreads, 0, stream>>>(q, blocks_per_row);
+    QuantizeScatterKernel<kBf16A, kSiluMul>
+        <<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
   } else {
-    QuantizeKernel<kBf16A, kSiluMul><<<grid, kThreads, 0, stream>>>(q, blocks_per_row);
+    QuantizeKernel<kBf16A, kSiluMul><<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
   }
 }
 
@@ -225,19 +231,22 @@ cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream) {
   }
   Fp8QuantizeParams q = p;
   if (q.group_offsets != nullptr) q.m_pad = q.m;  // only the groups' rows
-  // Scattered: one warp per source row; otherwise per row of q.
+  // Scattered: warps per source row; otherwise per row of q.
   const int64_t launch_rows = q.dest_rows != nullptr ? q.m : q.m_pad;
   if (launch_rows == 0) return cudaSuccess;
   const int64_t blocks_per_row = (p.k + kBlock - 1) / kBlock;
-  const int64_t grid = (launch_rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t chunks = (p.k + kChunk - 1) / kChunk;
+  const int64_t splits =
+      std::min(chunks, std::max<int64_t>(1, (kTargetWarps + launch_rows - 1) / launch_rows));
+  const int64_t grid = (launch_rows * splits + kRowsPerBlock - 1) / kRowsPerBlock;
   if (grid > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const unsigned g = static_cast<unsigned>(grid);
   if (q.silu_mul) {
-    Launch<true, true>(q, blocks_per_row, g, stream);
+    Launch<true, true>(q, blocks_per_row, splits, g, stream);
   } else if (q.a_bf16) {
-    Launch<true, false>(q, blocks_per_row, g, stream);
+    Launch<true, false>(q, blocks_per_row, splits, g, stream);
   } else {
-    Launch<false, false>(q, blocks_per_row, g, stream);
+    Launch<false, false>(q, blocks_per_row, splits, g, stream);
   }
   return cudaGetLastError();
 }

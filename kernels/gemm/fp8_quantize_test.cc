@@ -93,7 +93,12 @@ TEST_P(Fp8QuantizeRowsTest, MatchesTheHostScheme) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8QuantizeRowsTest,
                          ::testing::Values(Case{1, 128, 0, 4, false}, Case{3, 2048, 0, 4, false},
                                            Case{5, 208, 8, 8, true}, Case{64, 1408, 0, 64, true},
-                                           Case{7, 7168, 4, 12, false}, Case{0, 256, 0, 4, false}));
+                                           Case{7, 7168, 4, 12, false}, Case{0, 256, 0, 4, false},
+                                           // A row's iterations split over warps unevenly (14
+                                           // over 9, 3 over 2), and not split (8192 rows on).
+                                           Case{1000, 7168, 0, 1000, false},
+                                           Case{4300, 1408, 0, 4304, true},
+                                           Case{8200, 1040, 0, 8208, false}));
 
 // Grouped rows: each group's scales packed for its own rows at offsets[g] * blocks; rows past
 // the last group untouched.
@@ -163,10 +168,12 @@ float HostBlock(const float* x, int64_t n, uint8_t* q) {
 // Scattered rows (the routed experts' permutation): each source row quantised into each of its
 // destination rows, scales in the groups' packed layout; rows no source maps to (the groups'
 // padding) untouched. Widths of one warp iteration (512 columns) or several with a partial block,
-// three destinations a row or the most (32).
+// three destinations a row or the most (32), few source rows (a warp per iteration) or enough
+// for a warp per row.
 struct ScatterCase {
   int64_t k;
   int32_t dests;
+  int64_t m;
 };
 
 class Fp8QuantizeRowsScatterTest : public ::testing::TestWithParam<ScatterCase> {};
@@ -174,7 +181,7 @@ class Fp8QuantizeRowsScatterTest : public ::testing::TestWithParam<ScatterCase> 
 TEST_P(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
-  const int64_t m = 9, k = GetParam().k, blocks = Fp8ScaleCols(k);
+  const int64_t m = GetParam().m, k = GetParam().k, blocks = Fp8ScaleCols(k);
   const int32_t dests = GetParam().dests, groups = 3;
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " k " << k << " dests " << dests);
   // Choice (i, j) goes to group (i + j) % groups, one choice to none; rows by (i, j) inside a
@@ -257,8 +264,8 @@ TEST_P(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8QuantizeRowsScatterTest,
-                         ::testing::Values(ScatterCase{384, 3}, ScatterCase{2064, 8},
-                                           ScatterCase{1040, 32}));
+                         ::testing::Values(ScatterCase{384, 3, 9}, ScatterCase{2064, 8, 9},
+                                           ScatterCase{1040, 32, 9}, ScatterCase{1040, 2, 8200}));
 
 // SwiGLU's product quantised: the rows are bf16 [gate | up], the value quantised bf16(silu(g) *
 // u) as SiluMulBf16 rounds it (expf on the host and the device may differ by an ulp: a block
