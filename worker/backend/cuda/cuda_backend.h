@@ -103,10 +103,10 @@ struct CudaTuning {
   // block (kernels::Fp8QuantizeRows) and both expert GEMMs on kernels::Fp8WgmmaSwapGroupedGemm
   // (W8A8 on Hopper wgmma, weights on the M side; compute capability 9.0), never in the
   // batch-invariant mode. The weights' TMA descriptors are built at an expert table's first call
-  // outside a CUDA graph capture (a captured call before that keeps Fp8MmaGroupedGemm). 64 is a
-  // starting point, not yet measured end to end (fp8_gemm_bench --grouped times the kernels);
-  // tests set 1 to force the path.
-  int64_t fp8_swap_min_tokens = 64;
+  // outside a CUDA graph capture (a captured call before that keeps Fp8MmaGroupedGemm). 3: the
+  // first size past the fused 1-2 token MoE block; Moonlight FP8 decode at 8 / 32 requests 1,637 /
+  // 4,383 tok/s against 1,514 / 4,006 from 64 (docs/performance.md); tests set 1 to force it.
+  int64_t fp8_swap_min_tokens = 3;
   // Batch-invariant mode (deepinfer-worker / deepinfer-bench --batch-invariant,
   // DEEPINFER_BATCH_INVARIANT=1; docs/engine.md "Batch invariance"): every op computes a row the
   // same way whatever the batch size and the row's place in it, so a request's logprobs do not
