@@ -502,6 +502,11 @@ class CudaBackend : public Backend {
   // !gather: the plan only (plan, choice_row, row_token; no rows gathered, permuted null).
   MoePermutation PermuteRoutedRows(const RoutedExpertsArgs& a, int64_t rows, int32_t row_align,
                                    bool bf16, bool gather);
+  // The combine of RoutedExperts' paths: each token's top-k rows of expert_out ([rows, hidden],
+  // bf16 bits with `bf16`, else fp32), weighted, written over a.out (no memset pass; the same bits
+  // as adding into zeros).
+  void CombineExpertRows(const RoutedExpertsArgs& a, const MoePermutation& perm,
+                         const DeviceBuffer& expert_out, bool bf16);
   // RoutedExperts' device path for MXFP4 experts (cuda_backend_mxfp4.cc; where
   // Mxfp4ExpertsOnCublas is false): without host synchronisation, bf16 rows through
   // kernels::Mxfp4MmaGroupedGemm (gate_up fp32, SiluMulF32ToBf16 or, with a clamp, gate_up rounded

@@ -413,16 +413,7 @@ bool CudaBackend::RoutedExpertsFp8W8A8(const RoutedExpertsArgs& a, const MoePerm
     run(downs, I, i_blocks, expert_out->data());
   }
   PhaseTimer phase(this, "RoutedExpertsFp8PerExpert/combine", true);
-  kernels::MoeCombineParams c;
-  c.num_tokens = static_cast<int32_t>(T);
-  c.top_k = static_cast<int32_t>(K);
-  c.hidden_size = H;
-  c.choice_row = perm.choice_row->as<int32_t>();
-  c.topk_weights = a.topk_weights;
-  c.expert_out_bf16 = expert_out->as<uint16_t>();
-  c.accumulate = false;
-  c.out = a.out;
-  Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
+  CombineExpertRows(a, perm, *expert_out, /*bf16=*/true);
   return true;
 }
 
@@ -569,16 +560,7 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
                            expert_out->as<float>());
   }
 
-  kernels::MoeCombineParams c;
-  c.num_tokens = static_cast<int32_t>(T);
-  c.top_k = static_cast<int32_t>(K);
-  c.hidden_size = H;
-  c.choice_row = perm.choice_row->as<int32_t>();
-  c.topk_weights = a.topk_weights;
-  c.expert_out = expert_out->as<float>();
-  c.accumulate = false;
-  c.out = a.out;
-  Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
+  CombineExpertRows(a, perm, *expert_out, /*bf16=*/false);
   return true;
 }
 

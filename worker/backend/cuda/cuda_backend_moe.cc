@@ -165,6 +165,24 @@ CudaBackend::MoePermutation CudaBackend::PermuteRoutedRows(const RoutedExpertsAr
   return m;
 }
 
+void CudaBackend::CombineExpertRows(const RoutedExpertsArgs& a, const MoePermutation& perm,
+                                    const DeviceBuffer& expert_out, bool bf16) {
+  kernels::MoeCombineParams c;
+  c.num_tokens = static_cast<int32_t>(a.num_tokens);
+  c.top_k = static_cast<int32_t>(a.top_k);
+  c.hidden_size = a.hidden_size;
+  c.choice_row = perm.choice_row->as<int32_t>();
+  c.topk_weights = a.topk_weights;
+  if (bf16) {
+    c.expert_out_bf16 = expert_out.as<uint16_t>();
+  } else {
+    c.expert_out = expert_out.as<float>();
+  }
+  c.accumulate = false;  // MoeCombineParams' default adds into out
+  c.out = a.out;
+  Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
+}
+
 bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   if (a.fp8()) return RoutedExpertsFp8(a);
   // Batch-invariant: bf16 experts on the device path only (fp32 experts: the caller's per-expert
@@ -235,21 +253,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsArgs& a) {
   }
 
   PhaseTimer phase(this, "RoutedExpertsCublas/combine", !device_grouped);
-  // The combine overwrites out (no memset pass; the same bits as adding into zeros).
-  kernels::MoeCombineParams c;
-  c.num_tokens = static_cast<int32_t>(T);
-  c.top_k = static_cast<int32_t>(K);
-  c.hidden_size = H;
-  c.choice_row = perm.choice_row->as<int32_t>();
-  c.topk_weights = a.topk_weights;
-  if (expert_out_bf16) {
-    c.expert_out_bf16 = expert_out->as<uint16_t>();
-  } else {
-    c.expert_out = expert_out->as<float>();
-  }
-  c.accumulate = false;  // MoeCombineParams' default adds into out
-  c.out = a.out;
-  Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
+  CombineExpertRows(a, perm, *expert_out, expert_out_bf16);
   return true;
 }
 

@@ -139,16 +139,7 @@ bool CudaBackend::RoutedExpertsMxfp4(const RoutedExpertsArgs& a) {
   g.c = expert_out->as<float>();
   Check(kernels::Mxfp4MmaGroupedGemm(g, stream_), "kernels::Mxfp4MmaGroupedGemm(down)");
 
-  kernels::MoeCombineParams c;
-  c.num_tokens = static_cast<int32_t>(T);
-  c.top_k = static_cast<int32_t>(K);
-  c.hidden_size = H;
-  c.choice_row = perm.choice_row->as<int32_t>();
-  c.topk_weights = a.topk_weights;
-  c.expert_out = expert_out->as<float>();
-  c.accumulate = false;
-  c.out = a.out;
-  Check(kernels::MoeCombineF32(c, stream_), "kernels::MoeCombineF32");
+  CombineExpertRows(a, perm, *expert_out, /*bf16=*/false);
   return true;
 }
 
