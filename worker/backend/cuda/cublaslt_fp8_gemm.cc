@@ -58,6 +58,15 @@ bool CublasLtFp8Gemm::DeviceSupports(int device) {
          major == 9 && minor == 0;
 }
 
+int64_t CublasLtFp8Gemm::SizeClass(int64_t m) {
+  if (m <= kLargestPowerClass) {
+    int64_t c = 4;
+    while (c < m) c *= 2;
+    return c;
+  }
+  return (m + kClassStep - 1) / kClassStep * kClassStep;
+}
+
 bool CublasLtFp8Gemm::TakesLayout(const Fp8LtGemm& g) {
   const int64_t d_elem = g.d_bf16 ? 2 : 4;
   const int64_t split = g.w.split_rows;
@@ -76,7 +85,8 @@ bool CublasLtFp8Gemm::Takes(const Fp8LtGemm& g) {
 }
 
 absl::StatusOr<const CublasLtFp8Gemm::Shape*> CublasLtFp8Gemm::ShapeFor(const Fp8LtGemm& g) {
-  const Key key{g.m, g.n, g.k, g.ldq, g.w.ldw, g.ldd, g.d_bf16, g.accumulate};
+  const int64_t m = SizeClass(g.m);
+  const Key key{m, g.n, g.k, g.ldq, g.w.ldw, g.ldd, g.d_bf16, g.accumulate};
   auto found = shapes_.find(key);
   if (found != shapes_.end()) return found->second.get();
   auto s = std::make_unique<Shape>();
@@ -110,11 +120,11 @@ absl::StatusOr<const CublasLtFp8Gemm::Shape*> CublasLtFp8Gemm::ShapeFor(const Fp
                   "cublasLtMatrixLayoutCreate(W)");
   }
   if (st.ok()) {
-    st = LtStatus(cublasLtMatrixLayoutCreate(&s->q, CUDA_R_8F_E4M3, g.k, g.m, g.ldq),
+    st = LtStatus(cublasLtMatrixLayoutCreate(&s->q, CUDA_R_8F_E4M3, g.k, m, g.ldq),
                   "cublasLtMatrixLayoutCreate(Q)");
   }
   if (st.ok()) {
-    st = LtStatus(cublasLtMatrixLayoutCreate(&s->d, d_type, g.n, g.m, g.ldd),
+    st = LtStatus(cublasLtMatrixLayoutCreate(&s->d, d_type, g.n, m, g.ldd),
                   "cublasLtMatrixLayoutCreate(D)");
   }
   if (!st.ok()) return st;
@@ -158,12 +168,47 @@ absl::StatusOr<bool> CublasLtFp8Gemm::RunOne(const Fp8LtGemm& g, cudaStream_t st
                                                  &g.q_scales, sizeof(g.q_scales)),
                   "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
   }
-  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
-  if (st.ok()) {
-    st = LtStatus(cublasLtMatmul(lt_, s.op, &alpha, g.w.data, s.w, g.q, s.q, &beta, g.d, s.d, g.d,
-                                 s.d, &s.algo, workspace_, workspace_bytes_, stream),
-                  "cublasLtMatmul(FP8 block-scaled)");
+  // The size class's layouts take this call's m (the column count of Qᵀ and Dᵀ).
+  const uint64_t cols = static_cast<uint64_t>(g.m);
+  for (cublasLtMatrixLayout_t layout : {s.q, s.d}) {
+    if (st.ok()) {
+      st = LtStatus(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_COLS, &cols,
+                                                     sizeof(cols)),
+                    "cublasLtMatrixLayoutSetAttribute(COLS)");
+    }
   }
+  if (!st.ok()) return st;
+  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+  auto matmul = [&](const cublasLtMatmulAlgo_t* algo) {
+    return cublasLtMatmul(lt_, s.op, &alpha, g.w.data, s.w, g.q, s.q, &beta, g.d, s.d, g.d, s.d,
+                          algo, workspace_, workspace_bytes_, stream);
+  };
+  cublasStatus_t status = matmul(&s.algo);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
+    // The size class's algorithm does not take this m: the heuristic's first for m itself.
+    cublasLtMatmulPreference_t pref = nullptr;
+    st = LtStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    if (st.ok()) {
+      st = LtStatus(
+          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                               &workspace_bytes_, sizeof(workspace_bytes_)),
+          "cublasLtMatmulPreferenceSetAttribute");
+    }
+    cublasLtMatmulHeuristicResult_t result;
+    int found_algos = 0;
+    const cublasStatus_t h =
+        st.ok() ? cublasLtMatmulAlgoGetHeuristic(lt_, s.op, s.w, s.q, s.d, s.d, pref, 1, &result,
+                                                 &found_algos)
+                : CUBLAS_STATUS_NOT_INITIALIZED;
+    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+    if (!st.ok()) return st;
+    if (h != CUBLAS_STATUS_SUCCESS || found_algos == 0 || result.state != CUBLAS_STATUS_SUCCESS ||
+        result.workspaceSize > workspace_bytes_) {
+      return false;
+    }
+    status = matmul(&result.algo);
+  }
+  st = LtStatus(status, "cublasLtMatmul(FP8 block-scaled)");
   if (!st.ok()) return st;
   return true;
 }
@@ -193,7 +238,8 @@ std::string CublasLtFp8Gemm::Refusal(const Fp8LtGemm& g) const {
   std::string out;
   for (int i = 0; i < count; ++i) {
     const Fp8LtGemm& p = parts[i];
-    auto found = shapes_.find(Key{p.m, p.n, p.k, p.ldq, p.w.ldw, p.ldd, p.d_bf16, p.accumulate});
+    auto found =
+        shapes_.find(Key{SizeClass(p.m), p.n, p.k, p.ldq, p.w.ldw, p.ldd, p.d_bf16, p.accumulate});
     absl::StrAppend(
         &out, i > 0 ? "; " : "", "part ", i, " (n ", p.n, "): ",
         found == shapes_.end()

@@ -59,12 +59,13 @@ class CublasLtFp8Gemm {
   // Takes' conditions on sizes and strides only (no pointer looked at).
   static bool TakesLayout(const Fp8LtGemm& g);
 
-  // The GEMM on `stream` with the first algorithm of cuBLASLt's heuristic for its shape (chosen
-  // once per shape, so a shape always runs the same algorithm; nothing is timed and nothing
-  // synchronises: safe while the stream is captured into a CUDA graph). false (nothing
-  // launched): Takes is false, or cuBLASLt has no algorithm for the shape (not compute
-  // capability 9.0, a cuBLASLt without these scale modes, or a layout its heuristic refuses).
-  // Errors: cuBLASLt failures other than the heuristic's refusal.
+  // The GEMM on `stream` with the first algorithm of cuBLASLt's heuristic for its shape's size
+  // class (SizeClass(m) with the rest of the shape; asked once per class, so a shape always
+  // runs the same algorithm; where cuBLASLt refuses that algorithm at this m, the heuristic's
+  // first for m itself; nothing is timed and nothing synchronises: safe while the stream is
+  // captured into a CUDA graph). false (nothing launched): Takes is false, or cuBLASLt has no
+  // algorithm for the shape (not compute capability 9.0, a cuBLASLt without these scale modes,
+  // or a layout its heuristic refuses). Errors: cuBLASLt failures other than the refusals.
   absl::StatusOr<bool> Run(const Fp8LtGemm& g, cudaStream_t stream);
   // Whether Run would launch g given pointers Takes accepts (TakesLayout, and an algorithm for
   // each part): asks cuBLASLt's heuristic the first time a shape is seen, launches nothing; g's
@@ -72,10 +73,20 @@ class CublasLtFp8Gemm {
   absl::StatusOr<bool> Ready(const Fp8LtGemm& g);
   // Why Ready / Run said no for g (for messages): each part's heuristic status.
   std::string Refusal(const Fp8LtGemm& g) const;
+  // The shapes asked of the heuristic so far (one per size class and the rest of the shape).
   size_t shapes() const { return shapes_.size(); }
 
+  // The m that stands for m in the heuristic's question: powers of two up to
+  // kLargestPowerClass, then multiples of kClassStep. Prefill's expert GEMMs have a new m at
+  // nearly every call (each expert's share of the step's tokens), and a heuristic question
+  // costs host time while the device waits (RoutedExpertsFp8W8A8 asks before it launches); the
+  // classes bound the questions (and the cached descriptors) per shape.
+  static int64_t SizeClass(int64_t m);
+  static constexpr int64_t kLargestPowerClass = 256;
+  static constexpr int64_t kClassStep = 256;
+
  private:
-  // m, n, k, ldq, ldw, ldd, d_bf16, accumulate.
+  // SizeClass(m), n, k, ldq, ldw, ldd, d_bf16, accumulate.
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
   struct Shape;  // descriptors + algorithm of one shape (null algorithm: none offered)
 

@@ -86,8 +86,8 @@ class CublasLtFp8GemmTest : public ::testing::TestWithParam<Case> {
   std::unique_ptr<CublasLtFp8Gemm> gemm_;
 };
 
-TEST_P(CublasLtFp8GemmTest, MatchesW8A8ProductOnTheHost) {
-  const Case t = GetParam();
+// Runs t on `gemm` and checks every output value against the host's W8A8 product.
+void RunAndCheck(CublasLtFp8Gemm* gemm, const Case& t) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " m " << t.m << " n " << t.n << " k "
                                     << t.k << " split " << t.split);
@@ -124,11 +124,11 @@ TEST_P(CublasLtFp8GemmTest, MatchesW8A8ProductOnTheHost) {
   g.ldd = ldd;
   g.accumulate = t.accumulate;
   ASSERT_TRUE(CublasLtFp8Gemm::Takes(g));
-  auto ran = gemm_->Run(g, nullptr);
+  auto ran = gemm->Run(g, nullptr);
   ASSERT_TRUE(ran.ok()) << ran.status();
   ASSERT_TRUE(*ran) << "cuBLASLt offered no block-scaled FP8 algorithm on a compute capability "
                        "9.0 device: "
-                    << gemm_->Refusal(g);
+                    << gemm->Refusal(g);
   std::vector<float> got(t.m * ldd);
   if (t.d_bf16) {
     std::vector<uint16_t> bits;
@@ -159,6 +159,21 @@ TEST_P(CublasLtFp8GemmTest, MatchesW8A8ProductOnTheHost) {
   // For the record: the largest error relative to sum |x w| (the bound allows 2^-8 = 3.9e-3).
   std::printf("[cublaslt-fp8] m %ld n %ld k %ld: largest |err| / sum|xw| %.3e\n",
               static_cast<long>(t.m), static_cast<long>(t.n), static_cast<long>(t.k), worst);
+}
+
+TEST_P(CublasLtFp8GemmTest, MatchesW8A8ProductOnTheHost) { RunAndCheck(gemm_.get(), GetParam()); }
+
+// Sizes of one class share the heuristic's algorithm and descriptors (one shape asked), each at
+// its own m: prefill's expert GEMMs, whose m changes at every call.
+TEST_F(CublasLtFp8GemmTest, SizesOfOneClassShareAShape) {
+  ASSERT_EQ(CublasLtFp8Gemm::SizeClass(260), CublasLtFp8Gemm::SizeClass(500));
+  ASSERT_EQ(CublasLtFp8Gemm::SizeClass(12), CublasLtFp8Gemm::SizeClass(16));
+  ASSERT_NE(CublasLtFp8Gemm::SizeClass(12), CublasLtFp8Gemm::SizeClass(20));
+  for (int64_t m : {500, 260, 12, 16, 4}) {
+    SCOPED_TRACE(::testing::Message() << "m " << m);
+    ASSERT_NO_FATAL_FAILURE(RunAndCheck(gemm_.get(), Case{m, 2816, 2048, 1408, 0, true, false}));
+  }
+  EXPECT_EQ(gemm_->shapes(), 3u);  // classes 512, 16 and 4
 }
 
 INSTANTIATE_TEST_SUITE_P(
