@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "kernels/common/launch.cuh"
 #include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/fp8_block_gemm.h"
 
@@ -191,7 +192,9 @@ __global__ void __launch_bounds__(kThreads)
 // before it uses any. A row's k chunks are split over `ksplit` warps of the block (chunk q to
 // thread q % (32 ksplit) of the group); their sums are added in warp order through shared memory
 // (deterministic). Each chunk of 16 products is summed in fp32, scaled once by its block's scale
-// and added to the lane's sum (the header's contract).
+// and added to the lane's sum (the header's contract). Launched with programmatic dependent
+// launch: a lane's first batch of weights and scales is loaded before the wait for the preceding
+// kernel (weights are never written during a step).
 constexpr int kVecCols = 4;
 constexpr int kVecChunks = 2;
 // The most warps the k split grows a launch to: the H200's 132 SMs with two blocks each (the
@@ -199,14 +202,117 @@ constexpr int kVecChunks = 2;
 // loads (kVecCols * kVecChunks 16-byte loads a lane) in flight at once.
 constexpr int64_t kVecTargetWarps = 132 * 2 * kWarps;
 
-template <int M, bool kBf16A>
-__global__ void __launch_bounds__(kThreads)
-    Fp8SmallMVecKernel(Fp8SmallMGemmParams p, int64_t row0, int rows, int ksplit) {
-  __shared__ float partial[kWarps][M * kVecCols];
+// A lane's loads of one batch: chunks base + u * stride (u < kVecChunks) of its kVecCols rows.
+struct VecBatch {
+  uint4 w[kVecChunks][kVecCols];
+  float s[kVecChunks][kVecCols];
+};
+
+// This thread's place: its group's first output column j0, its part of the k split and its first
+// chunk.
+struct VecPlace {
+  int64_t j0;
+  int part;
+  int64_t first;
+};
+
+__device__ __forceinline__ VecPlace PlaceOf(int ksplit) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups = kWarps / ksplit;
-  const int group = warp / ksplit, part = warp % ksplit;
-  const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * groups + group) * kVecCols;
+  VecPlace v;
+  v.part = warp % ksplit;
+  v.j0 = (static_cast<int64_t>(blockIdx.x) * groups + warp / ksplit) * kVecCols;
+  v.first = static_cast<int64_t>(v.part) * 32 + lane;
+  return v;
+}
+
+// The weight and scale rows of columns j0 .. j0 + kVecCols - 1 (past n: the last row, whose sums
+// are not written).
+__device__ __forceinline__ void VecRows(const Fp8SmallMGemmParams& p, int64_t j0,
+                                        const uint8_t* (&wrow)[kVecCols],
+                                        const float* (&srow)[kVecCols]) {
+#pragma unroll
+  for (int r = 0; r < kVecCols; ++r) {
+    const int64_t j = min(j0 + r, p.n - 1);
+    wrow[r] = p.w.data + j * p.w.ldw;
+    srow[r] = p.w.scales + Fp8ScaleRow(j, p.w.split_rows) * p.w.scale_ld;
+  }
+}
+
+__device__ __forceinline__ void LoadVecBatch(const uint8_t* const (&wrow)[kVecCols],
+                                             const float* const (&srow)[kVecCols], int64_t base,
+                                             int64_t stride, int64_t chunks, VecBatch& b) {
+#pragma unroll
+  for (int u = 0; u < kVecChunks; ++u) {
+    const int64_t q = base + u * stride;
+#pragma unroll
+    for (int r = 0; r < kVecCols; ++r) {
+      b.w[u][r] = q < chunks ? LoadStreaming16(wrow[r] + q * kLaneElems) : make_uint4(0, 0, 0, 0);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kVecChunks; ++u) {
+    const int64_t q = base + u * stride;
+#pragma unroll
+    for (int r = 0; r < kVecCols; ++r) {
+      b.s[u][r] = q < chunks ? __ldg(srow[r] + q * kLaneElems / kFp8BlockSize) : 0.0f;
+    }
+  }
+}
+
+template <int M, bool kBf16A>
+__device__ __forceinline__ void UseVecBatch(const VecBatch& b, const Fp8SmallMGemmParams& p,
+                                            int64_t row0, int rows, int64_t base, int64_t stride,
+                                            int64_t chunks, float (&acc)[M][kVecCols]) {
+#pragma unroll
+  for (int u = 0; u < kVecChunks; ++u) {
+    const int64_t q = base + u * stride;
+    if (q >= chunks) break;
+    float x[M][kLaneElems];
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      if (i < rows) {
+        LoadAct16<kBf16A>(p.a, p.lda, row0 + i, q * kLaneElems, x[i]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kLaneElems; ++e) x[i][e] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kVecCols; ++r) {
+      float wf[kLaneElems];
+      DecodeFp8x16(b.w[u][r], wf);
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kLaneElems; ++e) sum = fmaf(x[i][e], wf[e], sum);
+        acc[i][r] = fmaf(sum, b.s[u][r], acc[i][r]);
+      }
+    }
+  }
+}
+
+// Before the wait: the first batch (weights and scales only).
+__device__ VecBatch Fp8SmallMVecPrefetch(Fp8SmallMGemmParams p, int64_t row0, int rows,
+                                         int ksplit) {
+  const VecPlace v = PlaceOf(ksplit);
+  VecBatch b;
+  if (v.j0 < p.n) {
+    const uint8_t* wrow[kVecCols];
+    const float* srow[kVecCols];
+    VecRows(p, v.j0, wrow, srow);
+    LoadVecBatch(wrow, srow, v.first, static_cast<int64_t>(ksplit) * 32, p.k / kLaneElems, b);
+  }
+  return b;
+}
+
+template <int M, bool kBf16A>
+__device__ void Fp8SmallMVecBody(const VecBatch& first, Fp8SmallMGemmParams p, int64_t row0,
+                                 int rows, int ksplit) {
+  __shared__ float partial[kWarps][M * kVecCols];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const VecPlace v = PlaceOf(ksplit);
   const int64_t chunks = p.k / kLaneElems;
   const int64_t stride = static_cast<int64_t>(ksplit) * 32;
   float acc[M][kVecCols];
@@ -215,62 +321,15 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < kVecCols; ++r) acc[i][r] = 0.0f;
   }
-  if (j0 < p.n) {
+  if (v.j0 < p.n && v.first < chunks) {
+    UseVecBatch<M, kBf16A>(first, p, row0, rows, v.first, stride, chunks, acc);
     const uint8_t* wrow[kVecCols];
     const float* srow[kVecCols];
-#pragma unroll
-    for (int r = 0; r < kVecCols; ++r) {
-      const int64_t j = min(j0 + r, p.n - 1);  // past n: a valid row, its sums not written
-      wrow[r] = p.w.data + j * p.w.ldw;
-      srow[r] = p.w.scales + Fp8ScaleRow(j, p.w.split_rows) * p.w.scale_ld;
-    }
-    for (int64_t base = static_cast<int64_t>(part) * 32 + lane; base < chunks;
-         base += kVecChunks * stride) {
-      uint4 w[kVecChunks][kVecCols];
-      float s[kVecChunks][kVecCols];
-#pragma unroll
-      for (int u = 0; u < kVecChunks; ++u) {
-        const int64_t q = base + u * stride;
-#pragma unroll
-        for (int r = 0; r < kVecCols; ++r) {
-          w[u][r] = q < chunks ? LoadStreaming16(wrow[r] + q * kLaneElems) : make_uint4(0, 0, 0, 0);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kVecChunks; ++u) {
-        const int64_t q = base + u * stride;
-#pragma unroll
-        for (int r = 0; r < kVecCols; ++r) {
-          s[u][r] = q < chunks ? __ldg(srow[r] + q * kLaneElems / kFp8BlockSize) : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kVecChunks; ++u) {
-        const int64_t q = base + u * stride;
-        if (q >= chunks) break;
-        float x[M][kLaneElems];
-#pragma unroll
-        for (int i = 0; i < M; ++i) {
-          if (i < rows) {
-            LoadAct16<kBf16A>(p.a, p.lda, row0 + i, q * kLaneElems, x[i]);
-          } else {
-#pragma unroll
-            for (int e = 0; e < kLaneElems; ++e) x[i][e] = 0.0f;
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < kVecCols; ++r) {
-          float wf[kLaneElems];
-          DecodeFp8x16(w[u][r], wf);
-#pragma unroll
-          for (int i = 0; i < M; ++i) {
-            float sum = 0.0f;
-#pragma unroll
-            for (int e = 0; e < kLaneElems; ++e) sum = fmaf(x[i][e], wf[e], sum);
-            acc[i][r] = fmaf(sum, s[u][r], acc[i][r]);
-          }
-        }
-      }
+    VecRows(p, v.j0, wrow, srow);
+    for (int64_t base = v.first + kVecChunks * stride; base < chunks; base += kVecChunks * stride) {
+      VecBatch b;
+      LoadVecBatch(wrow, srow, base, stride, chunks, b);
+      UseVecBatch<M, kBf16A>(b, p, row0, rows, base, stride, chunks, acc);
     }
   }
 #pragma unroll
@@ -289,26 +348,26 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
   // Lane i * kVecCols + r of the group's first warp writes (i, r).
-  if (part != 0 || lane >= M * kVecCols) return;
+  if (v.part != 0 || lane >= M * kVecCols) return;
   const int i = lane / kVecCols, r = lane % kVecCols;
-  const int64_t j = j0 + r;
+  const int64_t j = v.j0 + r;
   if (i >= rows || j >= p.n) return;
-  float v;
+  float sum;
   if (ksplit > 1) {
-    v = partial[warp][lane];
-    for (int w = 1; w < ksplit; ++w) v += partial[warp + w][lane];
+    sum = partial[warp][lane];
+    for (int w = 1; w < ksplit; ++w) sum += partial[warp + w][lane];
   } else {
-    v = 0.0f;
+    sum = 0.0f;
 #pragma unroll
     for (int ii = 0; ii < M; ++ii) {
 #pragma unroll
       for (int rr = 0; rr < kVecCols; ++rr) {
-        if (ii * kVecCols + rr == lane) v = acc[ii][rr];
+        if (ii * kVecCols + rr == lane) sum = acc[ii][rr];
       }
     }
   }
   float* c = p.c + (row0 + i) * p.ldc + j;
-  *c = p.accumulate ? *c + v : v;
+  *c = p.accumulate ? *c + sum : sum;
 }
 
 // Block (x, y): output columns x * kWarps .. + kWarps - 1 (one warp each) of one group: group y
@@ -399,9 +458,9 @@ cudaError_t LaunchSmallMVec(const Fp8SmallMGemmParams& p, int64_t row0, int rows
   }
   const int groups = kWarps / ksplit;
   const int64_t blocks = (cols + groups - 1) / groups;
-  Fp8SmallMVecKernel<M, kBf16A>
-      <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, row0, rows, ksplit);
-  return cudaGetLastError();
+  return LaunchPrefetchThenAfterPrecedingGrids<&Fp8SmallMVecPrefetch, &Fp8SmallMVecBody<M, kBf16A>,
+                                               kThreads>(dim3(static_cast<unsigned>(blocks)), 0,
+                                                         stream, p, row0, rows, ksplit);
 }
 
 template <bool kBf16A, bool kVec>
