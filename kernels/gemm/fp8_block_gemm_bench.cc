@@ -10,6 +10,11 @@
 // launches (median of 10 replays). GB/s = weight bytes read (FP8: + scales) / time; the H200's
 // HBM peak is 4.8 TB/s (4.3 measured by the roofline). One line per case; exit status 1 on a
 // CUDA error.
+//
+// `--decode`: only the decode GEMVs at m = 1 and 2 (Moonlight's q_proj, kv_a and o_proj,
+// DeepSeek-V3's q_a, q_b, o_proj and kv_a): Fp8SmallMGemm, the staged GEMV's FP8 form (the copy
+// prologue, one target) and SmallMGemmBf16 on the same shape. `--decode --no-pdl`: the same
+// without programmatic dependent launch (the kernels that use it then run in full stream order).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -19,6 +24,7 @@
 #include <functional>
 #include <vector>
 
+#include "kernels/common/pdl.h"
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/gemm/staged_gemv.h"
@@ -184,6 +190,9 @@ void GroupedShapes() {
 int main(int argc, char** argv) {
   const bool decode_only = argc > 1 && std::strcmp(argv[1], "--decode") == 0;
   if (decode_only) {
+    if (argc > 2 && std::strcmp(argv[2], "--no-pdl") == 0) {
+      deepinfer::kernels::SetProgrammaticDependentLaunch(false);
+    }
     const std::vector<deepinfer::bench::GemmShape> decode = {
         {"moon q_proj", 3072, 2048}, {"moon kv_a", 576, 2048}, {"moon o_proj", 2048, 2048},
         {"v3 q_a", 1536, 7168},      {"v3 q_b", 24576, 1536},  {"v3 o_proj", 7168, 16384},
