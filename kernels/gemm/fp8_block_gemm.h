@@ -6,7 +6,12 @@
 //  * Fp8SmallMGemm: a few activation rows (decode): every weight row is streamed once per launch
 //    (16 bytes per lane) and dequantised in registers; the products of one lane's 16 weights
 //    with the bf16-rounded activations are summed in fp32 (exact products), scaled by their
-//    block's scale and added to the fp32 accumulator.
+//    block's scale and added to the fp32 accumulator. At 1 and 2 rows (16-byte aligned
+//    operands) a warp takes 4 weight rows at once, each lane with 8 16-byte loads in flight, and
+//    a row's k is split over up to 8 warps so that short matrices still fill the GPU. That form
+//    is launched with programmatic dependent launch (kernels/common/launch.cuh): it loads its
+//    first weights and scales before waiting for the preceding kernel, so the weight must not
+//    be written by a kernel of the same step (model weights never are).
 //  * Fp8GroupedGemm: the same for the routed experts' rows, grouped by expert on the device
 //    (the MoE permutation's offsets), so decode needs no host synchronisation.
 //  * Fp8DequantToBf16: the weight dequantised and rounded to bf16 (the same bf16 weight

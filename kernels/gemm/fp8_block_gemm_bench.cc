@@ -10,16 +10,24 @@
 // launches (median of 10 replays). GB/s = weight bytes read (FP8: + scales) / time; the H200's
 // HBM peak is 4.8 TB/s (4.3 measured by the roofline). One line per case; exit status 1 on a
 // CUDA error.
+//
+// `--decode`: only the decode GEMVs at m = 1 and 2 (Moonlight's q_proj, kv_a and o_proj,
+// DeepSeek-V3's q_a, q_b, o_proj and kv_a): Fp8SmallMGemm, the staged GEMV's FP8 form (the copy
+// prologue, one target) and SmallMGemmBf16 on the same shape. `--decode --no-pdl`: the same
+// without programmatic dependent launch (the kernels that use it then run in full stream order).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <vector>
 
+#include "kernels/common/pdl.h"
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
+#include "kernels/gemm/staged_gemv.h"
 #include "kernels/testing/bench_timer.h"
 #include "kernels/testing/bench_util.h"
 #include "kernels/testing/gemm_bench_shapes.h"
@@ -44,8 +52,10 @@ int CopiesFor(size_t bytes) {
   return static_cast<int>(std::max<size_t>(2, std::min<size_t>(64, kRotateBytes / bytes + 1)));
 }
 
-void DenseShapes() {
-  for (const GemmShape& s : bench::DeepSeekV3Gemms()) {
+// staged: also time StagedGemvBf16's FP8 form (where it takes the shape).
+void DenseShapes(const std::vector<GemmShape>& shapes, const std::vector<int64_t>& ms,
+                 bool staged) {
+  for (const GemmShape& s : shapes) {
     const size_t fp8_bytes = static_cast<size_t>(s.n) * s.k;
     const size_t scale_count = kernels::Fp8ScaleRows(s.n, 0) * kernels::Fp8ScaleCols(s.k);
     const int copies = CopiesFor(fp8_bytes);
@@ -62,7 +72,7 @@ void DenseShapes() {
     }
     float* a = bench::Upload(bench::Uniform(16 * s.k, 7));
     float* out = DeviceAlloc<float>(16 * s.n * sizeof(float));
-    for (int64_t m : {1, 2, 4, 8, 16}) {
+    for (int64_t m : ms) {
       const double fp8_us = GraphMicros(copies, [&](int c, cudaStream_t st) {
         kernels::Fp8SmallMGemmParams p;
         p.m = m, p.n = s.n, p.k = s.k, p.a = a, p.lda = s.k;
@@ -74,6 +84,20 @@ void DenseShapes() {
       std::printf("%-15s n=%6ld k=%6ld m=%2ld  fp8 small-m %8.2f us %7.0f GB/s", s.name,
                   static_cast<long>(s.n), static_cast<long>(s.k), static_cast<long>(m), fp8_us,
                   (fp8_bytes + scale_count * 4) / fp8_us / 1e3);
+      kernels::StagedGemvParams g;
+      g.m = m, g.k = s.k, g.a = a, g.lda = s.k, g.fp8 = true, g.num_targets = 1;
+      g.targets[0].n = s.n, g.targets[0].ldw = s.k, g.targets[0].w8 = w8[0];
+      g.targets[0].scales = sc[0], g.targets[0].scale_ld = kernels::Fp8ScaleCols(s.k);
+      g.targets[0].c = out, g.targets[0].ldc = s.n;
+      if (staged && kernels::StagedGemvSupports(g)) {
+        const double staged_us = GraphMicros(copies, [&](int c, cudaStream_t st) {
+          kernels::StagedGemvParams q = g;
+          q.targets[0].w8 = w8[c], q.targets[0].scales = sc[c];
+          return kernels::StagedGemvBf16(q, st);
+        });
+        std::printf("   fp8 staged %8.2f us %7.0f GB/s", staged_us,
+                    (fp8_bytes + scale_count * 4) / staged_us / 1e3);
+      }
       kernels::SmallMGemmParams b;
       b.m = m, b.n = s.n, b.k = s.k, b.a = a, b.lda = s.k, b.w = w16[0], b.ldw = s.k;
       b.c = out, b.ldc = s.n;
@@ -163,8 +187,20 @@ void GroupedShapes() {
 }  // namespace
 }  // namespace deepinfer
 
-int main() {
-  deepinfer::DenseShapes();
+int main(int argc, char** argv) {
+  const bool decode_only = argc > 1 && std::strcmp(argv[1], "--decode") == 0;
+  if (decode_only) {
+    if (argc > 2 && std::strcmp(argv[2], "--no-pdl") == 0) {
+      deepinfer::kernels::SetProgrammaticDependentLaunch(false);
+    }
+    const std::vector<deepinfer::bench::GemmShape> decode = {
+        {"moon q_proj", 3072, 2048}, {"moon kv_a", 576, 2048}, {"moon o_proj", 2048, 2048},
+        {"v3 q_a", 1536, 7168},      {"v3 q_b", 24576, 1536},  {"v3 o_proj", 7168, 16384},
+        {"v3 kv_a", 576, 7168}};
+    deepinfer::DenseShapes(decode, {1, 2}, true);
+    return 0;
+  }
+  deepinfer::DenseShapes(deepinfer::bench::DeepSeekV3Gemms(), {1, 2, 4, 8, 16}, false);
   deepinfer::GroupedShapes();
   return 0;
 }

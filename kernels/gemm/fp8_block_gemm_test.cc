@@ -99,7 +99,27 @@ INSTANTIATE_TEST_SUITE_P(
         SmallMCase{1, 160, 256, 0, 0, 80, false, false},
         SmallMCase{6, 512, 256, 0, 0, 256, true, false},
         // Unaligned strides: the scalar path.
-        SmallMCase{2, 65, 160, 1, 3, 0, false, true}));
+        SmallMCase{2, 65, 160, 1, 3, 0, false, true},
+        // Decode shapes at m = 1 and 2 (the multi-column vector kernel: n not a multiple of its
+        // 4 columns, k split over 1..8 warps): Moonlight q_proj, kv_a, o_proj; DeepSeek-V3 q_a,
+        // q_b, o_proj, kv_a.
+        SmallMCase{1, 3072, 2048, 0, 0, 0, true, false},
+        SmallMCase{2, 3072, 2048, 0, 0, 0, false, false},
+        SmallMCase{1, 576, 2048, 0, 0, 0, false, true},
+        SmallMCase{2, 576, 2048, 0, 0, 0, true, false},
+        SmallMCase{1, 2048, 2048, 0, 0, 0, false, false},
+        SmallMCase{2, 2048, 2048, 0, 0, 0, true, true},
+        SmallMCase{1, 1536, 7168, 0, 0, 0, true, false},
+        SmallMCase{2, 1536, 7168, 0, 0, 0, false, false},
+        SmallMCase{1, 24576, 1536, 0, 0, 0, false, false},
+        SmallMCase{2, 24576, 1536, 0, 0, 0, true, false},
+        SmallMCase{1, 7168, 16384, 0, 0, 0, true, false},
+        SmallMCase{2, 7168, 16384, 0, 0, 0, false, true},
+        SmallMCase{1, 576, 7168, 0, 0, 0, false, false},
+        SmallMCase{2, 576, 7168, 0, 0, 0, true, false},
+        SmallMCase{2, 1023, 2064, 16, 32, 0, false, false},
+        SmallMCase{1, 4098, 496, 0, 0, 2050, true, false},
+        SmallMCase{10, 301, 1024, 0, 0, 0, false, false}));
 
 struct GroupedCase {
   int32_t groups;
