@@ -2,6 +2,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <mutex>
 #include <vector>
 
 #include "kernels/gemm/fp8_block_gemm.h"
@@ -524,13 +525,29 @@ cudaError_t LaunchPersistent(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem));
   if (e != cudaSuccess) return e;
-  int dev = 0, sms = 0, per_sm = 0;
+  // The resident CTAs of the whole device, asked once per (device, shared memory size).
+  static std::mutex mu;
+  static int cached_dev = -1;
+  static size_t cached_smem = 0;
+  static int64_t cached_resident = 0;
+  int dev = 0;
   e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
-  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e != cudaSuccess) return e;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
-  if (e != cudaSuccess) return e;
+  int64_t resident = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (cached_dev == dev && cached_smem == smem) resident = cached_resident;
+  }
+  if (resident == 0) {
+    int sms = 0, per_sm = 0;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
+    if (e != cudaSuccess) return e;
+    resident = int64_t{std::max(sms, 1)} * std::max(per_sm, 1);
+    std::lock_guard<std::mutex> lock(mu);
+    cached_dev = dev, cached_smem = smem, cached_resident = resident;
+  }
   PersistentArgs args;
   args.swap.n = static_cast<int32_t>(p.n);
   args.swap.k_blocks = static_cast<int32_t>(p.k / kBlockK);
@@ -549,8 +566,7 @@ cudaError_t LaunchPersistent(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_
   const int64_t units_bound =
       int64_t{args.tiles} *
       (std::min<int64_t>(p.num_groups, p.max_rows) + (p.max_rows + N - 1) / N);
-  const int64_t ctas = std::min<int64_t>(int64_t{std::max(sms, 1)} * std::max(per_sm, 1),
-                                         units_bound);
+  const int64_t ctas = std::min(resident, units_bound);
   kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(map_a, args);
   return cudaGetLastError();
 }
