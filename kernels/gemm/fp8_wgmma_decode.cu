@@ -309,8 +309,9 @@ __device__ __forceinline__ SwapUnit FindUnit(const int32_t* prefix, int32_t num_
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// Two CTAs an SM at least (N 64 would take more than half the registers otherwise).
 template <int N>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     Fp8WgmmaSwapPersistentKernel(const __grid_constant__ CUtensorMap map_a,
                                  const PersistentArgs pargs) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -396,14 +397,48 @@ __global__ void __launch_bounds__(kThreads)
 
   constexpr int kRegs = N / 2;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // The scales of one (unit, k block) step: the weight block's scale and the activation rows'
+  // scales as read, multiplied when used (the same products as Fp8WgmmaSwapKernel's). Up to
+  // N 32 loaded a step ahead (the next unit's first block during the current unit's last); N 64
+  // has no registers to spare and loads them at the top of the step.
+  constexpr bool kAhead = N <= 32;
+  auto load_scales = [&](const SwapUnit& w, const float* sw, int kb, float* s_w,
+                         float (&sa)[N / 8][2]) {
+    *s_w = __ldg(sw + kb);
+    const float* sa_block = args.a_scales + int64_t{w.r0} * k_blocks + int64_t{kb} * w.count;
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        // This thread's activation rows (as offsets in the group): 8 i + 2 (lane % 4) + {0, 1}.
+        const int32_t r = w.ch * N + 2 * (lane % 4) + 8 * i + q;
+        sa[i][q] = r < w.count ? __ldg(sa_block + r) : 0.0f;
+      }
+    }
+  };
+  auto weight_scales = [&](const SwapUnit& w) {
+    return args.scales[w.g] + Fp8ScaleRow(w.m0, args.split_rows) * int64_t{args.scale_ld};
+  };
+  SwapUnit w{};
+  const float* sw = nullptr;
+  float next_sw = 0.0f, next_sa[N / 8][2];
+  if (int32_t(blockIdx.x) < total) {
+    w = FindUnit<N>(prefix, num_groups, args.offsets, blockIdx.x);
+    sw = weight_scales(w);
+    if (kAhead) load_scales(w, sw, 0, &next_sw, next_sa);
+  }
   uint32_t it = 0;
   for (int32_t u = blockIdx.x; u < total; u += gridDim.x) {
-    const SwapUnit w = FindUnit<N>(prefix, num_groups, args.offsets, u);
     const int32_t count = w.count, m0 = w.m0;
-    const float* sw = args.scales[w.g] + Fp8ScaleRow(m0, args.split_rows) * int64_t{args.scale_ld};
-    const float* sa_group = args.a_scales + int64_t{w.r0} * k_blocks;
-    // This thread's activation rows (as offsets in the group): 8 i + 2 (lane % 4) + {0, 1}.
     const int32_t c0 = w.ch * N + 2 * (lane % 4);
+    // The next unit, resolved while this one runs.
+    const int32_t u_next = u + gridDim.x;
+    SwapUnit w_next = w;
+    const float* sw_next = sw;
+    if (u_next < total) {
+      w_next = FindUnit<N>(prefix, num_groups, args.offsets, u_next);
+      sw_next = weight_scales(w_next);
+    }
     float acc[2][kRegs], part[2][kRegs];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -412,15 +447,21 @@ __global__ void __launch_bounds__(kThreads)
     }
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
       const uint32_t s = it % kStages, phase = (it / kStages) & 1;
-      const float s_w = __ldg(sw + kb);
-      float sa[N / 8][2];
+      float s_w, sa[N / 8][2];
+      if (kAhead) {
+        s_w = next_sw;
 #pragma unroll
-      for (int i = 0; i < N / 8; ++i) {
+        for (int i = 0; i < N / 8; ++i) {
 #pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int32_t r = c0 + 8 * i + q;
-          sa[i][q] = r < count ? __ldg(sa_group + int64_t{kb} * count + r) * s_w : 0.0f;
+          for (int q = 0; q < 2; ++q) sa[i][q] = next_sa[i][q];
         }
+        if (kb + 1 < k_blocks) {
+          load_scales(w, sw, kb + 1, &next_sw, next_sa);
+        } else if (u_next < total) {
+          load_scales(w_next, sw_next, 0, &next_sw, next_sa);
+        }
+      } else {
+        load_scales(w, sw, kb, &s_w, sa);
       }
       MbarWait(full_bar + 8 * s, phase);
 #pragma unroll
@@ -450,11 +491,12 @@ __global__ void __launch_bounds__(kThreads)
         for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
       }
       MbarArrive(empty_bar + 8 * s);
+      // Rows past the group take 0 (their results are not stored).
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int i = 0; i < kRegs; ++i) {
-          acc[h][i] = fmaf(part[h][i], sa[i / 4][i % 2], acc[h][i]);
+          acc[h][i] = fmaf(part[h][i], sa[i / 4][i % 2] * s_w, acc[h][i]);
         }
       }
     }
@@ -469,6 +511,8 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
+    w = w_next;
+    sw = sw_next;
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
