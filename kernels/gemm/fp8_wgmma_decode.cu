@@ -1,6 +1,8 @@
 // Swap-AB W8A8 grouped GEMM for decode on Hopper (wgmma + TMA): see fp8_wgmma_decode.h.
 #include <cuda.h>
 
+#include <algorithm>
+#include <mutex>
 #include <vector>
 
 #include "kernels/gemm/fp8_block_gemm.h"
@@ -254,6 +256,267 @@ __global__ void __launch_bounds__(kThreads)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
+// The persistent grouped form: a grid of about SM count x resident CTAs walks the units
+// (expert g, weight tile, chunk of N rows) of the non-empty experts, numbered expert by expert,
+// tile-major and chunk-minor within an expert; CTA b takes units b, b + gridDim.x, ... . One
+// unit computes exactly what one chunk iteration of Fp8WgmmaSwapKernel computes (the same
+// operations in the same order), so the bits are the same. The TMA ring and its mbarrier
+// phases run on across units: the producer loads the next unit's tiles while the consumer
+// finishes and stores the current one.
+constexpr int32_t kMaxPersistentGroups = 1024;
+
+struct PersistentArgs {
+  SwapArgs swap;
+  int32_t num_groups = 0;
+  int32_t tiles = 0;  // weight tiles of 128 rows
+};
+
+// After the ring's barriers: the units' exclusive prefix per group (num_groups + 1), then the
+// warps' sums of the scan that makes it.
+constexpr size_t PersistentSmemBytes(int n_rows, int32_t num_groups) {
+  return SmemBytes(n_rows) + (size_t(num_groups) + 1 + kThreads / 32) * sizeof(int32_t);
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+struct SwapUnit {
+  int32_t g, r0, count, m0, ch;
+};
+
+// Unit u (< prefix[num_groups]): the group whose prefix range holds it (binary search; empty
+// groups have empty ranges), then its tile and chunk.
+template <int N>
+__device__ __forceinline__ SwapUnit FindUnit(const int32_t* prefix, int32_t num_groups,
+                                             const int32_t* offsets, int32_t u) {
+  int32_t lo = 0, hi = num_groups;  // prefix[lo] <= u < prefix[hi]
+  while (hi - lo > 1) {
+    const int32_t mid = (lo + hi) / 2;
+    if (prefix[mid] <= u) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  SwapUnit w;
+  w.g = lo;
+  w.r0 = __ldg(offsets + lo);
+  w.count = __ldg(offsets + lo + 1) - w.r0;
+  const int32_t chunks = (w.count + N - 1) / N, local = u - prefix[lo];
+  w.m0 = (local / chunks) * kTileM;
+  w.ch = local % chunks;
+  return w;
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// Two CTAs an SM at least (N 64 would take more than half the registers otherwise).
+template <int N>
+__global__ void __launch_bounds__(kThreads, 2)
+    Fp8WgmmaSwapPersistentKernel(const __grid_constant__ CUtensorMap map_a,
+                                 const PersistentArgs pargs) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const SwapArgs& args = pargs.swap;
+  const int32_t num_groups = pargs.num_groups;
+  const int k_blocks = args.k_blocks;
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* const smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
+  const uint32_t base = SmemAddr(smem);
+  const uint32_t a_base = base + kStages * kWeightTileBytes;
+  const uint32_t full_bar = a_base + kStages * N * kBlockK;
+  const uint32_t empty_bar = full_bar + kStages * 8;
+  int32_t* const prefix = reinterpret_cast<int32_t*>(smem + (empty_bar + kStages * 8 - base));
+  int32_t* const warp_sums = prefix + num_groups + 1;
+  auto w_tile = [&](uint32_t s) { return base + s * kWeightTileBytes; };
+  auto a_tile = [&](uint32_t s) { return a_base + s * (N * kBlockK); };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full_bar + 8 * s, 1);
+      MbarInit(empty_bar + 8 * s, 128);  // every consumer thread
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  // The units' prefix over the groups: each thread sums a run of consecutive groups, then a
+  // scan across the block.
+  {
+    const int32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int32_t per = (num_groups + kThreads - 1) / kThreads;
+    const int32_t g0 = min(num_groups, int32_t(threadIdx.x) * per), g1 = min(num_groups, g0 + per);
+    auto units = [&](int32_t g) {
+      const int32_t count = __ldg(args.offsets + g + 1) - __ldg(args.offsets + g);
+      return count > 0 ? pargs.tiles * ((count + N - 1) / N) : 0;
+    };
+    int32_t local = 0;
+    for (int32_t g = g0; g < g1; ++g) local += units(g);
+    int32_t x = local;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int32_t y = __shfl_up_sync(0xffffffffu, x, d);
+      if (lane >= d) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    int32_t run = x - local;
+    for (int w = 0; w < warp; ++w) run += warp_sums[w];
+    for (int32_t g = g0; g < g1; ++g) {
+      prefix[g] = run;
+      run += units(g);
+    }
+    if (threadIdx.x == kThreads - 1) prefix[num_groups] = run;
+  }
+  __syncthreads();
+  const int32_t total = prefix[num_groups];
+
+  if (threadIdx.x >= 128) {
+    // Producer: one thread issues every TMA load, unit after unit without draining the ring.
+    if (threadIdx.x == 128) {
+      uint32_t it = 0;
+      int32_t fenced = -1;
+      for (int32_t u = blockIdx.x; u < total; u += gridDim.x) {
+        const SwapUnit w = FindUnit<N>(prefix, num_groups, args.offsets, u);
+        const CUtensorMap* mw = args.w_maps + w.g;
+        if (w.g != fenced) {
+          asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
+                           reinterpret_cast<uint64_t>(mw))
+                       : "memory");
+          fenced = w.g;
+        }
+        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+          const uint32_t s = it % kStages, phase = (it / kStages) & 1;
+          MbarWait(empty_bar + 8 * s, phase ^ 1);
+          MbarArriveExpectTx(full_bar + 8 * s, kWeightTileBytes + N * kBlockK);
+          TmaLoad2d(w_tile(s), mw, kb * kBlockK, w.m0, full_bar + 8 * s);
+          TmaLoad2d(a_tile(s), &map_a, kb * kBlockK, w.r0 + w.ch * N, full_bar + 8 * s);
+        }
+      }
+    }
+    return;
+  }
+
+  constexpr int kRegs = N / 2;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // The scales of one (unit, k block) step: the weight block's scale and the activation rows'
+  // scales as read, multiplied when used (the same products as Fp8WgmmaSwapKernel's). Up to
+  // N 32 loaded a step ahead (the next unit's first block during the current unit's last); N 64
+  // has no registers to spare and loads them at the top of the step.
+  constexpr bool kAhead = N <= 32;
+  auto load_scales = [&](const SwapUnit& w, const float* sw, int kb, float* s_w,
+                         float (&sa)[N / 8][2]) {
+    *s_w = __ldg(sw + kb);
+    const float* sa_block = args.a_scales + int64_t{w.r0} * k_blocks + int64_t{kb} * w.count;
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        // This thread's activation rows (as offsets in the group): 8 i + 2 (lane % 4) + {0, 1}.
+        const int32_t r = w.ch * N + 2 * (lane % 4) + 8 * i + q;
+        sa[i][q] = r < w.count ? __ldg(sa_block + r) : 0.0f;
+      }
+    }
+  };
+  auto weight_scales = [&](const SwapUnit& w) {
+    return args.scales[w.g] + Fp8ScaleRow(w.m0, args.split_rows) * int64_t{args.scale_ld};
+  };
+  SwapUnit w{};
+  const float* sw = nullptr;
+  float next_sw = 0.0f, next_sa[N / 8][2];
+  if (int32_t(blockIdx.x) < total) {
+    w = FindUnit<N>(prefix, num_groups, args.offsets, blockIdx.x);
+    sw = weight_scales(w);
+    if (kAhead) load_scales(w, sw, 0, &next_sw, next_sa);
+  }
+  uint32_t it = 0;
+  for (int32_t u = blockIdx.x; u < total; u += gridDim.x) {
+    const int32_t count = w.count, m0 = w.m0;
+    const int32_t c0 = w.ch * N + 2 * (lane % 4);
+    // The next unit, resolved while this one runs.
+    const int32_t u_next = u + gridDim.x;
+    SwapUnit w_next = w;
+    const float* sw_next = sw;
+    if (u_next < total) {
+      w_next = FindUnit<N>(prefix, num_groups, args.offsets, u_next);
+      sw_next = weight_scales(w_next);
+    }
+    float acc[2][kRegs], part[2][kRegs];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) acc[h][i] = 0.0f;
+    }
+    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+      const uint32_t s = it % kStages, phase = (it / kStages) & 1;
+      float s_w, sa[N / 8][2];
+      if (kAhead) {
+        s_w = next_sw;
+#pragma unroll
+        for (int i = 0; i < N / 8; ++i) {
+#pragma unroll
+          for (int q = 0; q < 2; ++q) sa[i][q] = next_sa[i][q];
+        }
+        if (kb + 1 < k_blocks) {
+          load_scales(w, sw, kb + 1, &next_sw, next_sa);
+        } else if (u_next < total) {
+          load_scales(w_next, sw_next, 0, &next_sw, next_sa);
+        }
+      } else {
+        load_scales(w, sw, kb, &s_w, sa);
+      }
+      MbarWait(full_bar + 8 * s, phase);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
+      }
+      WgmmaFence();
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t wa = w_tile(s) + h * 64 * kBlockK;
+#pragma unroll
+        for (int kk = 0; kk < kBlockK / 32; ++kk) {
+          WgmmaM64K32<N>(part[h], SmemDesc(wa + kk * 32), SmemDesc(a_tile(s) + kk * 32), kk > 0);
+        }
+      }
+      WgmmaCommit();
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
+      }
+      WgmmaWaitAll();
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
+      }
+      MbarArrive(empty_bar + 8 * s);
+      // Rows past the group take 0 (their results are not stored).
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) {
+          acc[h][i] = fmaf(part[h][i], sa[i / 4][i % 2] * s_w, acc[h][i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) {
+        const int32_t row = c0 + 8 * (i / 4) + i % 2;
+        const int32_t j = m0 + h * 64 + warp * 16 + lane / 4 + 8 * ((i % 4) / 2);
+        if (row < count && j < args.n) {
+          args.c[int64_t{w.r0 + row} * args.ldc + j] = acc[h][i];
+        }
+      }
+    }
+    w = w_next;
+    sw = sw_next;
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
 bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 constexpr int64_t kInt32Max = 2147483647;
@@ -284,6 +547,77 @@ cudaError_t Launch(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_t stream) 
                   static_cast<unsigned>(p.num_groups));
   kernel<<<grid, kThreads, SmemBytes(N), stream>>>(map_a, args);
   return cudaGetLastError();
+}
+
+// The persistent grouped form (Fp8WgmmaSwapPersistentKernel): false where it does not take the
+// call (dense, more than kMaxPersistentGroups groups, or a unit count that could pass int32).
+template <int N>
+bool PersistentTakes(const Fp8WgmmaSwapGroupedGemmParams& p) {
+  if (!p.persistent || p.offsets == nullptr || p.num_groups > kMaxPersistentGroups) return false;
+  const int64_t tiles = (p.n + kTileM - 1) / kTileM;
+  const int64_t chunks = std::min<int64_t>(p.num_groups, p.max_rows) + (p.max_rows + N - 1) / N;
+  return tiles * chunks <= kInt32Max;
+}
+
+template <int N>
+cudaError_t LaunchPersistent(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_t stream) {
+  CUtensorMap map_a;
+  cudaError_t e = wgmma::MakeMap(&map_a, p.a, p.max_rows, p.k, p.lda, N, kBlockK);
+  if (e != cudaSuccess) return e;
+  auto kernel = Fp8WgmmaSwapPersistentKernel<N>;
+  const size_t smem = PersistentSmemBytes(N, p.num_groups);
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  // The resident CTAs of the whole device, asked once per (device, shared memory size).
+  static std::mutex mu;
+  static int cached_dev = -1;
+  static size_t cached_smem = 0;
+  static int64_t cached_resident = 0;
+  int dev = 0;
+  e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  int64_t resident = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (cached_dev == dev && cached_smem == smem) resident = cached_resident;
+  }
+  if (resident == 0) {
+    int sms = 0, per_sm = 0;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
+    if (e != cudaSuccess) return e;
+    resident = int64_t{std::max(sms, 1)} * std::max(per_sm, 1);
+    std::lock_guard<std::mutex> lock(mu);
+    cached_dev = dev, cached_smem = smem, cached_resident = resident;
+  }
+  PersistentArgs args;
+  args.swap.n = static_cast<int32_t>(p.n);
+  args.swap.k_blocks = static_cast<int32_t>(p.k / kBlockK);
+  args.swap.split_rows = static_cast<int32_t>(p.split_rows);
+  args.swap.scale_ld = static_cast<int32_t>(p.scale_ld);
+  args.swap.offsets = p.offsets;
+  args.swap.max_rows = p.max_rows;
+  args.swap.a_scales = p.a_scales;
+  args.swap.w_maps = static_cast<const CUtensorMap*>(p.weight_maps);
+  args.swap.scales = p.scales;
+  args.swap.c = p.c;
+  args.swap.ldc = p.ldc;
+  args.num_groups = p.num_groups;
+  args.tiles = static_cast<int32_t>((p.n + kTileM - 1) / kTileM);
+  // At most as many CTAs as units can exist: tiles x (non-empty groups + max_rows / N).
+  const int64_t units_bound =
+      int64_t{args.tiles} *
+      (std::min<int64_t>(p.num_groups, p.max_rows) + (p.max_rows + N - 1) / N);
+  const int64_t ctas = std::min(resident, units_bound);
+  kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(map_a, args);
+  return cudaGetLastError();
+}
+
+template <int N>
+cudaError_t LaunchGrouped(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_t stream) {
+  return PersistentTakes<N>(p) ? LaunchPersistent<N>(p, stream) : Launch<N>(p, stream);
 }
 
 }  // namespace
@@ -351,15 +685,15 @@ cudaError_t Fp8WgmmaSwapGroupedGemm(const Fp8WgmmaSwapGroupedGemmParams& p, cuda
   if (!Fp8WgmmaSwapGroupedGemmSupports(p)) return cudaErrorInvalidValue;
   switch (Fp8WgmmaSwapChunkRows(p.rows_per_group_hint)) {
     case 8:
-      return Launch<8>(p, stream);
+      return LaunchGrouped<8>(p, stream);
     case 16:
-      return Launch<16>(p, stream);
+      return LaunchGrouped<16>(p, stream);
     case 24:
-      return Launch<24>(p, stream);
+      return LaunchGrouped<24>(p, stream);
     case 32:
-      return Launch<32>(p, stream);
+      return LaunchGrouped<32>(p, stream);
     default:
-      return Launch<64>(p, stream);
+      return LaunchGrouped<64>(p, stream);
   }
 }
 

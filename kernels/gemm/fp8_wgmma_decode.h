@@ -9,7 +9,8 @@
 //
 //   c[r, j] = sum_kb sa(r, kb) * sw_e(j, kb) * sum_{p in block kb} a[r, p] * w_e[j, p]
 //
-// The groups' extents are read on the device (grid: weight tiles x experts, empty experts exit),
+// The groups' extents are read on the device (a persistent grid walking the non-empty experts'
+// units, or grid weight tiles x experts with empty experts exiting: the params' `persistent`),
 // nothing is copied from the host per call and no host synchronisation happens, so a launch can
 // be captured in a CUDA graph. The weights' TMA descriptors live in device memory, built once per
 // weight set (Fp8WgmmaSwapBuildWeightMaps); the activations' descriptor is encoded on the host
@@ -76,6 +77,12 @@ struct Fp8WgmmaSwapGroupedGemmParams {
   // group size stays correct (a group longer than N loops over chunks, each reading the weight
   // tiles again).
   int32_t rows_per_group_hint = 0;
+  // Grouped form only. true: a persistent grid (SM count x the CTAs an SM holds, fewer where
+  // there is less work) whose CTAs walk a static list of (expert, weight tile, chunk of rows)
+  // units of the non-empty experts, each CTA every gridDim-th unit, the TMA ring running on
+  // across units; more than 1024 groups take the other form. false: one CTA per (weight tile,
+  // expert), empty experts' CTAs exiting. The results are the same bits either way.
+  bool persistent = true;
 };
 
 // The activation rows a chunk takes for a hint (8, 16, 24, 32 or 64; 32 for an unknown one).

@@ -4,7 +4,8 @@
 // terms' magnitudes (the tensor cores add one k block's 128 products with fewer bits than fp32;
 // the promotion to fp32 is per block); a wrong swizzle, descriptor, fragment or scale index is
 // off by about the sum itself. Also: rows past the groups and padding columns untouched, two
-// runs bit-identical, one CUDA-graph replay bit-identical. Skips itself without a compute
+// runs bit-identical, one CUDA-graph replay bit-identical, the grouped form's persistent grid
+// bit-identical to one CTA per (weight tile, expert). Skips itself without a compute
 // capability 9.0 device.
 #include "kernels/gemm/fp8_wgmma_decode.h"
 
@@ -160,11 +161,30 @@ TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+
+  // Grouped: the persistent grid (the default, above) and one CTA per (weight tile, expert)
+  // give the same bits.
+  if (!c.dense) {
+    Fp8WgmmaSwapGroupedGemmParams per_tile = p;
+    per_tile.persistent = false;
+    dc.Poison();
+    DEEPINFER_CUDA_OK(Fp8WgmmaSwapGroupedGemm(per_tile, nullptr));
+    std::vector<float> tiled;
+    DEEPINFER_CUDA_OK(dc.Download(&tiled));
+    EXPECT_TRUE(testing::SameBits(got, tiled, got.size()));
+  }
   for (auto* d : dw) delete d;
   for (auto* d : dws) delete d;
 }
 
 const std::vector<int32_t> kSizes = {0, 1, 7, 12, 33, 64, 200};
+
+// `groups` sizes, all 0 but group `busy` of `rows`.
+std::vector<int32_t> OneBusy(int32_t groups, int32_t busy, int32_t rows) {
+  std::vector<int32_t> v(groups, 0);
+  v[busy] = rows;
+  return v;
+}
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, Fp8WgmmaSwapTest,
@@ -181,6 +201,15 @@ INSTANTIATE_TEST_SUITE_P(
         SwapCase{256, {0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 0, 12, 0, 0, 0, 0}, 2, 4096, 7168, 2048, 8, 0},
         SwapCase{256, {0, 0, 0, 0, 0, 0, 0, 33, 0, 0, 0, 0, 0, 0, 0, 0}, 2, 7168, 2048, 0, 32, 0},
         SwapCase{5, {64, 200, 0, 1, 12}, 2, 7168, 2048, 0, 16, 2},
+        // Many empty experts: 1000 groups with 3 rows in every 16th (at the persistent form's
+        // group limit), 1500 (above it: one CTA per tile), none busy at all.
+        SwapCase{1000, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, 2, 2048, 1408, 0, 8, 0},
+        SwapCase{1500, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, 2, 2048, 1408, 0, 8, 0},
+        SwapCase{64, {0}, 1, 2816, 2048, 1408, 8, 0},
+        // One expert holds every row: many chunks of one expert (N 8 and 64) spread over CTAs.
+        SwapCase{64, OneBusy(64, 37, 200), 1, 2816, 2048, 1408, 8, 0},
+        SwapCase{64, OneBusy(64, 0, 200), 1, 2048, 1408, 0, 64, 4},
+        SwapCase{256, OneBusy(256, 255, 77), 1, 7168, 2048, 0, 24, 0},
         // Dense: Moonlight o_proj at 128 rows (N 64) and 64 (N 32), q_proj at 33.
         SwapCase{1, {128}, 1, 2048, 2048, 0, 128, 4, true},
         SwapCase{1, {64}, 1, 2048, 2048, 0, 32, 0, true},

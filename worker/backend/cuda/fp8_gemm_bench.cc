@@ -28,7 +28,8 @@
 // rows, the FP8 fallback) and kernels::GroupedGemmBf16 (bf16 weights, the bf16 path's kernel at 1-2
 // tokens), GB/s of the busy experts' weights; then "fp8 wgmma-swap":
 // kernels::Fp8WgmmaSwapGroupedGemm (W8A8 on wgmma, weights on the M side; compute capability 9.0)
-// on e4m3 rows, "quant" the kernels::Fp8QuantizeRows launch that makes them from the bf16 rows
+// on e4m3 rows in its persistent grid (the default), "per-tile" the same with one CTA per (weight
+// tile, expert), "quant" the kernels::Fp8QuantizeRows launch that makes them from the bf16 rows
 // (grouped scale layout), timed on its own, and the speed-ups of swap + quant against mma and bf16.
 //
 // Time: a CUDA graph of back-to-back launches, each on its own copy of the weights (copies for
@@ -530,6 +531,15 @@ void GroupedBench(const MoeShape& ms) {
                                      BENCH_CUDA(kernels::Fp8WgmmaSwapGroupedGemm(sp, st));
                                    })
                      : -1;
+      // The same kernel with one CTA per (weight tile, expert) instead of the persistent grid.
+      kernels::Fp8WgmmaSwapGroupedGemmParams tp = sp;
+      tp.persistent = false;
+      const double tile_us =
+          swap_takes ? GraphMicros(4,
+                                   [&](int, cudaStream_t st) {
+                                     BENCH_CUDA(kernels::Fp8WgmmaSwapGroupedGemm(tp, st));
+                                   })
+                     : -1;
       const double quant_us =
           swap_takes
               ? GraphMicros(
@@ -556,9 +566,11 @@ void GroupedBench(const MoeShape& ms) {
       const double swap_all = swap_us + quant_us;
       std::printf(
           "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | fp8 wgmma-swap %8.2f us %5.0f GB/s | "
-          "quant %6.2f us | swap+quant vs mma %5.2fx | swap+quant vs bf16 %5.2fx (hint %d, N %d)\n",
+          "per-tile %8.2f us %5.0f GB/s | quant %6.2f us | swap+quant vs mma %5.2fx | swap+quant "
+          "vs bf16 %5.2fx (hint %d, N %d)\n",
           ms.name, gate_up ? "gate_up" : "down", static_cast<long>(n), static_cast<long>(k), tokens,
-          busy, swap_us, swap_us > 0 ? fp8_busy / swap_us / 1e3 : 0.0, quant_us,
+          busy, swap_us, swap_us > 0 ? fp8_busy / swap_us / 1e3 : 0.0, tile_us,
+          tile_us > 0 ? fp8_busy / tile_us / 1e3 : 0.0, quant_us,
           swap_us > 0 && mma_us > 0 ? mma_us / swap_all : 0.0,
           swap_us > 0 ? bf16_us / swap_all : 0.0, sp.rows_per_group_hint,
           kernels::Fp8WgmmaSwapChunkRows(sp.rows_per_group_hint));
