@@ -27,7 +27,6 @@ constexpr size_t SmemBytes(int n_rows) {
 struct SwapArgs {
   int32_t n = 0, k_blocks = 0;
   int32_t split_rows = 0, scale_ld = 0;
-  int32_t max_rows = 0;
   const int32_t* offsets = nullptr;
   const float* a_scales = nullptr;
   const CUtensorMap* w_maps = nullptr;
@@ -126,8 +125,8 @@ __global__ void __launch_bounds__(kThreads)
     Fp8WgmmaSwapKernel(const __grid_constant__ CUtensorMap map_a, const SwapArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int32_t g = blockIdx.y;
-  const int32_t r0 = args.offsets != nullptr ? __ldg(args.offsets + g) : 0;
-  const int32_t r1 = args.offsets != nullptr ? __ldg(args.offsets + g + 1) : args.max_rows;
+  const int32_t r0 = __ldg(args.offsets + g);
+  const int32_t r1 = __ldg(args.offsets + g + 1);
   if (r1 <= r0) return;  // an idle expert
   const int32_t count = r1 - r0;
   const int32_t chunks = (count + N - 1) / N;
@@ -537,7 +536,6 @@ cudaError_t Launch(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_t stream) 
   args.split_rows = static_cast<int32_t>(p.split_rows);
   args.scale_ld = static_cast<int32_t>(p.scale_ld);
   args.offsets = p.offsets;
-  args.max_rows = p.max_rows;
   args.a_scales = p.a_scales;
   args.w_maps = static_cast<const CUtensorMap*>(p.weight_maps);
   args.scales = p.scales;
@@ -550,10 +548,10 @@ cudaError_t Launch(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_t stream) 
 }
 
 // The persistent grouped form (Fp8WgmmaSwapPersistentKernel): false where it does not take the
-// call (dense, more than kMaxPersistentGroups groups, or a unit count that could pass int32).
+// call (more than kMaxPersistentGroups groups, or a unit count that could pass int32).
 template <int N>
 bool PersistentTakes(const Fp8WgmmaSwapGroupedGemmParams& p) {
-  if (!p.persistent || p.offsets == nullptr || p.num_groups > kMaxPersistentGroups) return false;
+  if (!p.persistent || p.num_groups > kMaxPersistentGroups) return false;
   const int64_t tiles = (p.n + kTileM - 1) / kTileM;
   const int64_t chunks = std::min<int64_t>(p.num_groups, p.max_rows) + (p.max_rows + N - 1) / N;
   return tiles * chunks <= kInt32Max;
@@ -598,7 +596,6 @@ cudaError_t LaunchPersistent(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_
   args.swap.split_rows = static_cast<int32_t>(p.split_rows);
   args.swap.scale_ld = static_cast<int32_t>(p.scale_ld);
   args.swap.offsets = p.offsets;
-  args.swap.max_rows = p.max_rows;
   args.swap.a_scales = p.a_scales;
   args.swap.w_maps = static_cast<const CUtensorMap*>(p.weight_maps);
   args.swap.scales = p.scales;
@@ -669,13 +666,13 @@ int32_t Fp8WgmmaSwapChunkRows(int32_t rows_per_group_hint) {
 }
 
 bool Fp8WgmmaSwapGroupedGemmSupports(const Fp8WgmmaSwapGroupedGemmParams& p) {
-  if (p.num_groups < 1 || p.num_groups > kMaxGroups || p.max_rows < 1 ||
-      (p.offsets == nullptr && p.num_groups != 1) || p.n < 1 || p.k < 1 || p.n > kInt32Max ||
-      p.k > kInt32Max || p.k % kBlockK != 0 || p.a == nullptr || !Aligned(p.a, 16) || p.lda < p.k ||
-      p.lda % 16 != 0 || p.a_scales == nullptr || p.weight_maps == nullptr ||
-      !Aligned(p.weight_maps, 64) || p.scales == nullptr || p.scale_ld < Fp8ScaleCols(p.k) ||
-      p.scale_ld > kInt32Max || p.split_rows < 0 || p.split_rows % kTileM != 0 ||
-      p.split_rows > kInt32Max || p.c == nullptr || p.ldc < p.n) {
+  if (p.num_groups < 1 || p.num_groups > kMaxGroups || p.max_rows < 1 || p.offsets == nullptr ||
+      p.n < 1 || p.k < 1 || p.n > kInt32Max || p.k > kInt32Max || p.k % kBlockK != 0 ||
+      p.a == nullptr || !Aligned(p.a, 16) || p.lda < p.k || p.lda % 16 != 0 ||
+      p.a_scales == nullptr || p.weight_maps == nullptr || !Aligned(p.weight_maps, 64) ||
+      p.scales == nullptr || p.scale_ld < Fp8ScaleCols(p.k) || p.scale_ld > kInt32Max ||
+      p.split_rows < 0 || p.split_rows % kTileM != 0 || p.split_rows > kInt32Max ||
+      p.c == nullptr || p.ldc < p.n) {
     return false;
   }
   return Fp8WgmmaSwapDeviceSupports();

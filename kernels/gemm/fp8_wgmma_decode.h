@@ -55,14 +55,10 @@ cudaError_t Fp8WgmmaSwapBuildWeightMaps(int32_t num_groups, const uint8_t* const
 // layout of Fp8BlockWeight (scale_ld, split_rows shared; split_rows a multiple of 128). c is
 // fp32 [max_rows, ldc]: columns n .. ldc - 1 and rows from offsets[num_groups] on are not
 // touched.
-//
-// Dense (a decode batch's projection): offsets null and num_groups 1, the one group being rows
-// 0 .. max_rows - 1, its scales Fp8QuantizeRows' plain layout with m_pad = max_rows (block kb of
-// row r at a_scales[kb * max_rows + r]).
 struct Fp8WgmmaSwapGroupedGemmParams {
   int32_t num_groups = 0;
   int32_t max_rows = 0;
-  const int32_t* offsets = nullptr;  // null: dense (above)
+  const int32_t* offsets = nullptr;
   int64_t n = 0, k = 0;
   const uint8_t* a = nullptr;
   int64_t lda = 0;
@@ -77,21 +73,21 @@ struct Fp8WgmmaSwapGroupedGemmParams {
   // group size stays correct (a group longer than N loops over chunks, each reading the weight
   // tiles again).
   int32_t rows_per_group_hint = 0;
-  // Grouped form only. true: a persistent grid (SM count x the CTAs an SM holds, fewer where
-  // there is less work) whose CTAs walk a static list of (expert, weight tile, chunk of rows)
-  // units of the non-empty experts, each CTA every gridDim-th unit, the TMA ring running on
-  // across units; more than 1024 groups take the other form. false: one CTA per (weight tile,
-  // expert), empty experts' CTAs exiting. The results are the same bits either way.
+  // true: a persistent grid (SM count x the CTAs an SM holds, fewer where there is less work)
+  // whose CTAs walk a static list of (expert, weight tile, chunk of rows) units of the non-empty
+  // experts, each CTA every gridDim-th unit, the TMA ring running on across units; more than 1024
+  // groups take the other form. false: one CTA per (weight tile, expert), empty experts' CTAs
+  // exiting. The results are the same bits either way.
   bool persistent = true;
 };
 
 // The activation rows a chunk takes for a hint (8, 16, 24, 32 or 64; 32 for an unknown one).
 int32_t Fp8WgmmaSwapChunkRows(int32_t rows_per_group_hint);
 
-// Fp8WgmmaSwapDeviceSupports and: num_groups in 1 .. 65535 (1 without offsets), max_rows >= 1,
-// n, k >= 1 below 2^31, k a multiple of 128, a 16-byte aligned with lda a multiple of 16 and >= k,
-// ldc >= n, scale_ld >= Fp8ScaleCols(k), split_rows >= 0 and a multiple of 128, non-null pointers
-// (offsets aside), weight_maps 64-byte aligned.
+// Fp8WgmmaSwapDeviceSupports and: num_groups in 1 .. 65535, max_rows >= 1, n, k >= 1 below 2^31,
+// k a multiple of 128, a 16-byte aligned with lda a multiple of 16 and >= k, ldc >= n,
+// scale_ld >= Fp8ScaleCols(k), split_rows >= 0 and a multiple of 128, non-null pointers (offsets
+// included), weight_maps 64-byte aligned.
 bool Fp8WgmmaSwapGroupedGemmSupports(const Fp8WgmmaSwapGroupedGemmParams& p);
 // cudaErrorInvalidValue (nothing launched) where Fp8WgmmaSwapGroupedGemmSupports is false.
 cudaError_t Fp8WgmmaSwapGroupedGemm(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_t stream);

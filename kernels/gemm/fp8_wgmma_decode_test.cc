@@ -36,8 +36,7 @@ constexpr double kUnit = 1.0 / 512;
   } while (0)
 
 // Groups cycle through `rows` (num_groups of them); group g multiplies weight g % weights (a few
-// distinct matrices keep the host product cheap at 256 experts). dense: the form without offsets
-// (one group of all max_rows rows).
+// distinct matrices keep the host product cheap at 256 experts).
 struct SwapCase {
   int32_t num_groups;
   std::vector<int32_t> rows;
@@ -45,7 +44,6 @@ struct SwapCase {
   int64_t n, k, split;
   int32_t hint;
   int64_t ldc_pad;
-  bool dense = false;
 };
 
 class Fp8WgmmaSwapTest : public ::testing::TestWithParam<SwapCase> {};
@@ -62,7 +60,7 @@ TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
   std::vector<int32_t> offsets(G + 1, 0);
   for (int32_t g = 0; g < G; ++g) offsets[g + 1] = offsets[g] + c.rows[g % c.rows.size()];
   const int32_t total = offsets[G];
-  const int32_t max_rows = c.dense ? total : total + 5;  // rows past the groups: left untouched
+  const int32_t max_rows = total + 5;  // rows past the groups: left untouched
   const int64_t lda = k;
 
   std::vector<HostFp8> w;
@@ -99,7 +97,7 @@ TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
   dc.Poison();
 
   Fp8WgmmaSwapGroupedGemmParams p;
-  p.num_groups = G, p.max_rows = max_rows, p.offsets = c.dense ? nullptr : doff.get();
+  p.num_groups = G, p.max_rows = max_rows, p.offsets = doff.get();
   p.n = n, p.k = k, p.a = da.get(), p.lda = lda, p.a_scales = dsa.get();
   p.weight_maps = maps.get(), p.scales = dscales.get();
   p.scale_ld = w[0].scale_ld, p.split_rows = c.split;
@@ -162,17 +160,15 @@ TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 
-  // Grouped: the persistent grid (the default, above) and one CTA per (weight tile, expert)
-  // give the same bits.
-  if (!c.dense) {
-    Fp8WgmmaSwapGroupedGemmParams per_tile = p;
-    per_tile.persistent = false;
-    dc.Poison();
-    DEEPINFER_CUDA_OK(Fp8WgmmaSwapGroupedGemm(per_tile, nullptr));
-    std::vector<float> tiled;
-    DEEPINFER_CUDA_OK(dc.Download(&tiled));
-    EXPECT_TRUE(testing::SameBits(got, tiled, got.size()));
-  }
+  // The persistent grid (the default, above) and one CTA per (weight tile, expert) give the
+  // same bits.
+  Fp8WgmmaSwapGroupedGemmParams per_tile = p;
+  per_tile.persistent = false;
+  dc.Poison();
+  DEEPINFER_CUDA_OK(Fp8WgmmaSwapGroupedGemm(per_tile, nullptr));
+  std::vector<float> tiled;
+  DEEPINFER_CUDA_OK(dc.Download(&tiled));
+  EXPECT_TRUE(testing::SameBits(got, tiled, got.size()));
   for (auto* d : dw) delete d;
   for (auto* d : dws) delete d;
 }
@@ -209,11 +205,7 @@ INSTANTIATE_TEST_SUITE_P(
         // One expert holds every row: many chunks of one expert (N 8 and 64) spread over CTAs.
         SwapCase{64, OneBusy(64, 37, 200), 1, 2816, 2048, 1408, 8, 0},
         SwapCase{64, OneBusy(64, 0, 200), 1, 2048, 1408, 0, 64, 4},
-        SwapCase{256, OneBusy(256, 255, 77), 1, 7168, 2048, 0, 24, 0},
-        // Dense: Moonlight o_proj at 128 rows (N 64) and 64 (N 32), q_proj at 33.
-        SwapCase{1, {128}, 1, 2048, 2048, 0, 128, 4, true},
-        SwapCase{1, {64}, 1, 2048, 2048, 0, 32, 0, true},
-        SwapCase{1, {33}, 1, 3072, 2048, 0, 16, 0, true}));
+        SwapCase{256, OneBusy(256, 255, 77), 1, 7168, 2048, 0, 24, 0}));
 
 TEST(Fp8WgmmaSwapGroupedGemmTest, RefusesWhatItCannotRun) {
   SKIP_WITHOUT_WGMMA();
@@ -239,10 +231,11 @@ TEST(Fp8WgmmaSwapGroupedGemmTest, RefusesWhatItCannotRun) {
   q.weight_maps = buf.get() + 16;  // descriptors are 64-byte aligned
   EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
   q = p;
-  q.offsets = nullptr;  // dense: one group
+  q.offsets = nullptr;  // offsets are required, one group too
   EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
   q.num_groups = 1;
-  EXPECT_TRUE(Fp8WgmmaSwapGroupedGemmSupports(q));
+  EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
+  EXPECT_EQ(Fp8WgmmaSwapGroupedGemm(q, nullptr), cudaErrorInvalidValue);
 }
 
 TEST(Fp8WgmmaSwapGroupedGemmTest, ChunkRowsFollowTheHint) {

@@ -15,8 +15,6 @@
 //                twice it, named after the table as tiled=BM/split
 //        w8a8    kernels::Fp8QuantizeRows + CublasLtFp8Gemm (FP8 tensor cores; compute
 //                capability 9.0), and lt: the cuBLASLt GEMM alone
-//        swap    kernels::Fp8QuantizeRows + kernels::Fp8WgmmaSwapGroupedGemm in its dense form
-//                (W8A8 on wgmma, weights on the M side; compute capability 9.0; m <= 256)
 //        deq     kernels::Fp8DequantToBf16 + cublasGemmEx (m >= 33)
 // then the fastest bf16 and FP8 path with TFLOP/s (2 m n k) and GB/s (weight bytes, FP8 with its
 // scales, plus the activations read and the output written), and the FP8 speed-up. The FP8 paths
@@ -201,16 +199,6 @@ class DenseBench {
     const int64_t tiled_rows = std::min<int64_t>(m_max, kTiledMaxRows);
     float* tiled_ws = DeviceAlloc<float>(std::max<size_t>(
         16, *std::max_element(splits.begin(), splits.end()) * tiled_rows * s.n * sizeof(float)));
-    // The swap kernel's weight descriptors (one per copy) and scale pointers, built once.
-    void* swap_maps = nullptr;
-    const float* const* swap_scales = nullptr;
-    if (kernels::Fp8WgmmaSwapDeviceSupports() && s.k % 128 == 0) {
-      swap_maps = DeviceAlloc<void>(kernels::Fp8WgmmaSwapWeightMapsBytes(copies));
-      const std::vector<const uint8_t*> w8c(w8.begin(), w8.end());
-      BENCH_CUDA(kernels::Fp8WgmmaSwapBuildWeightMaps(copies, w8c.data(), s.n, s.k, s.k, swap_maps,
-                                                      nullptr));
-      swap_scales = bench::Upload(std::vector<const float*>(sc.begin(), sc.end()));
-    }
 
     for (int64_t m : ms) {
       auto weight = [&](int i) {
@@ -244,7 +232,6 @@ class DenseBench {
         bf16.push_back({"small", small_us});
       }
       double core_us = -1, mma_us = -1, mma16_us = -1, w8a8_us = -1, lt_us = -1, deq_us = -1;
-      double swap_us = -1;
       double tiled_us = -1, tbest_us = -1;
       char tbest_name[32] = "";
       kernels::Fp8SmallMGemmParams core;
@@ -335,26 +322,6 @@ class DenseBench {
         lt_us = GraphMicros(copies, gemm);
         fp8.push_back({"w8a8", w8a8_us});
       }
-      // The swap-AB wgmma kernel as one group: quantise (scales for m rows), GEMM.
-      kernels::Fp8WgmmaSwapGroupedGemmParams sp;
-      sp.num_groups = 1, sp.max_rows = static_cast<int32_t>(m), sp.n = s.n, sp.k = s.k;
-      sp.a = q, sp.lda = s.k, sp.a_scales = qs, sp.weight_maps = swap_maps, sp.scales = swap_scales;
-      sp.scale_ld = kernels::Fp8ScaleLd(s.k), sp.c = c, sp.ldc = s.n;
-      sp.rows_per_group_hint = static_cast<int32_t>(m);
-      if (swap_maps != nullptr && m <= 256 && kernels::Fp8WgmmaSwapGroupedGemmSupports(sp)) {
-        kernels::Fp8QuantizeParams qp;
-        qp.m = m, qp.k = s.k, qp.a = a, qp.lda = s.k, qp.q = q, qp.ldq = s.k, qp.scales = qs;
-        qp.m_pad = m;
-        swap_us = GraphMicros(copies, [&](int i, cudaStream_t st) {
-          kernels::Fp8WgmmaSwapGroupedGemmParams one = sp;
-          one.weight_maps =
-              static_cast<const uint8_t*>(swap_maps) + i * kernels::Fp8WgmmaSwapWeightMapsBytes(1);
-          one.scales = swap_scales + i;
-          BENCH_CUDA(kernels::Fp8QuantizeRows(qp, st));
-          BENCH_CUDA(kernels::Fp8WgmmaSwapGroupedGemm(one, st));
-        });
-        fp8.push_back({"swap", swap_us});
-      }
       if (m > 32) {
         deq_us = GraphMicros(copies, [&](int i, cudaStream_t st) {
           BENCH_CUDA(kernels::Fp8DequantToBf16(weight(i), s.n, s.k, deq, st));
@@ -380,11 +347,10 @@ class DenseBench {
       const Result b16 = best(bf16);
       const double flops = 2.0 * m * s.n * s.k;
       const double act_out = m * s.k * 4.0 + m * s.n * 4.0;
-      std::printf("%-15s %6ld %6ld %5ld |%s%s |%s%s%s%s%s%s%s%s%s |", s.name,
-                  static_cast<long>(s.n), static_cast<long>(s.k), static_cast<long>(m),
-                  cell(bf16[0].us), cell(small_us), cell(core_us), cell(mma_us), cell(mma16_us),
-                  cell(tiled_us), cell(tbest_us), cell(w8a8_us), cell(lt_us), cell(swap_us),
-                  cell(deq_us));
+      std::printf("%-15s %6ld %6ld %5ld |%s%s |%s%s%s%s%s%s%s%s |", s.name, static_cast<long>(s.n),
+                  static_cast<long>(s.k), static_cast<long>(m), cell(bf16[0].us), cell(small_us),
+                  cell(core_us), cell(mma_us), cell(mma16_us), cell(tiled_us), cell(tbest_us),
+                  cell(w8a8_us), cell(lt_us), cell(deq_us));
       std::printf(" %-6s %6.1f %6.0f |", b16.path, flops / b16.us / 1e6,
                   (2.0 * fp8_bytes + act_out) / b16.us / 1e3);
       if (fp8.empty()) {
@@ -404,10 +370,6 @@ class DenseBench {
     }
     for (void* p : std::vector<void*>{a, a16, c, q, qs, deq, d_pad, tiled_ws}) {
       BENCH_CUDA(cudaFree(p));
-    }
-    if (swap_maps != nullptr) {
-      BENCH_CUDA(cudaFree(swap_maps));
-      BENCH_CUDA(cudaFree(const_cast<float**>(swap_scales)));
     }
   }
 
@@ -624,10 +586,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf(
-      "%-15s %6s %6s %5s |%9s%9s |%9s%9s%9s%9s%9s%9s%9s%9s%9s | %-6s %6s %6s | %-5s %6s %6s | "
+      "%-15s %6s %6s %5s |%9s%9s |%9s%9s%9s%9s%9s%9s%9s%9s | %-6s %6s %6s | %-5s %6s %6s | "
       "fp8\n",
       "shape", "n", "k", "m", "cublas", "small", "core", "mma", "mma16", "tiled", "tbest", "w8a8",
-      "lt", "swap", "deq", "bf16", "TF/s", "GB/s", "fp8", "TF/s", "GB/s");
+      "lt", "deq", "bf16", "TF/s", "GB/s", "fp8", "TF/s", "GB/s");
   deepinfer::DenseBench dense;
   for (const GemmShape& s : shapes) dense.Run(s, ms);
   deepinfer::PrintSummary(dense.cells(), ms);
