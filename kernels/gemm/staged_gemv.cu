@@ -191,23 +191,19 @@ __device__ void Stage(const StagedGemvParams& p, uint16_t* act) {
   }
   // kAddRmsNorm: per row, AddRmsNormF32's arithmetic (each thread the elements tid + i * 256 in
   // order, the same block reduction), without writing x yet: other blocks still read it. A
-  // thread loads kNormLoads of its elements (and, where that is the whole row, the norm weights
-  // too) before using any: x and y were just written, and each round trip waits behind the
-  // weight loads already in flight. A row of at most kNormLoads * 256 values stays in registers
-  // for the second pass.
+  // thread loads kNormLoads of its elements before using any (one memory latency per group
+  // rather than per element: x and y were just written).
   constexpr int kNormLoads = 8;
-  const bool one_batch = k <= kNormLoads * kThreads;
   for (int64_t r = 0; r < p.m; ++r) {
     const float* xr = p.x + r * k;
     const float* yr = p.y != nullptr ? p.y + r * k : nullptr;
     float ss = 0.0f;
-    float v[kNormLoads], g[kNormLoads];
     for (int64_t i0 = threadIdx.x; i0 < k; i0 += kNormLoads * kThreads) {
+      float v[kNormLoads];
 #pragma unroll
       for (int u = 0; u < kNormLoads; ++u) {
         const int64_t i = i0 + u * kThreads;
         v[u] = i < k ? (yr != nullptr ? xr[i] + yr[i] : xr[i]) : 0.0f;
-        g[u] = one_batch && i < k ? p.norm_weight[i] : 0.0f;
       }
 #pragma unroll
       for (int u = 0; u < kNormLoads; ++u) {
@@ -216,13 +212,12 @@ __device__ void Stage(const StagedGemvParams& p, uint16_t* act) {
     }
     const float inv = BlockInvRms<kWarps>(ss, k, p.eps);
     for (int64_t i0 = threadIdx.x; i0 < k; i0 += kNormLoads * kThreads) {
-      if (!one_batch) {
+      float v[kNormLoads], g[kNormLoads];
 #pragma unroll
-        for (int u = 0; u < kNormLoads; ++u) {
-          const int64_t i = i0 + u * kThreads;
-          v[u] = i < k ? (yr != nullptr ? xr[i] + yr[i] : xr[i]) : 0.0f;
-          g[u] = i < k ? p.norm_weight[i] : 0.0f;
-        }
+      for (int u = 0; u < kNormLoads; ++u) {
+        const int64_t i = i0 + u * kThreads;
+        v[u] = i < k ? (yr != nullptr ? xr[i] + yr[i] : xr[i]) : 0.0f;
+        g[u] = i < k ? p.norm_weight[i] : 0.0f;
       }
 #pragma unroll
       for (int u = 0; u < kNormLoads; ++u) {
