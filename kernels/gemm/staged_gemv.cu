@@ -190,40 +190,19 @@ __device__ void Stage(const StagedGemvParams& p, uint16_t* act) {
     return;
   }
   // kAddRmsNorm: per row, AddRmsNormF32's arithmetic (each thread the elements tid + i * 256 in
-  // order, the same block reduction), without writing x yet: other blocks still read it. A
-  // thread loads kNormLoads of its elements before using any (one memory latency per group
-  // rather than per element: x and y were just written).
-  constexpr int kNormLoads = 8;
+  // order, the same block reduction), without writing x yet: other blocks still read it.
   for (int64_t r = 0; r < p.m; ++r) {
     const float* xr = p.x + r * k;
     const float* yr = p.y != nullptr ? p.y + r * k : nullptr;
     float ss = 0.0f;
-    for (int64_t i0 = threadIdx.x; i0 < k; i0 += kNormLoads * kThreads) {
-      float v[kNormLoads];
-#pragma unroll
-      for (int u = 0; u < kNormLoads; ++u) {
-        const int64_t i = i0 + u * kThreads;
-        v[u] = i < k ? (yr != nullptr ? xr[i] + yr[i] : xr[i]) : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kNormLoads; ++u) {
-        if (i0 + u * kThreads < k) ss += v[u] * v[u];
-      }
+    for (int64_t i = threadIdx.x; i < k; i += kThreads) {
+      const float v = yr != nullptr ? xr[i] + yr[i] : xr[i];
+      ss += v * v;
     }
     const float inv = BlockInvRms<kWarps>(ss, k, p.eps);
-    for (int64_t i0 = threadIdx.x; i0 < k; i0 += kNormLoads * kThreads) {
-      float v[kNormLoads], g[kNormLoads];
-#pragma unroll
-      for (int u = 0; u < kNormLoads; ++u) {
-        const int64_t i = i0 + u * kThreads;
-        v[u] = i < k ? (yr != nullptr ? xr[i] + yr[i] : xr[i]) : 0.0f;
-        g[u] = i < k ? p.norm_weight[i] : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kNormLoads; ++u) {
-        const int64_t i = i0 + u * kThreads;
-        if (i < k) act[r * k + i] = static_cast<uint16_t>(Bf16Bits(g[u] * (v[u] * inv)));
-      }
+    for (int64_t i = threadIdx.x; i < k; i += kThreads) {
+      const float v = yr != nullptr ? xr[i] + yr[i] : xr[i];
+      act[r * k + i] = static_cast<uint16_t>(Bf16Bits(p.norm_weight[i] * (v * inv)));
     }
   }
   __syncthreads();
