@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -186,6 +187,15 @@ INSTANTIATE_TEST_SUITE_P(
         Case{96, 2048, 1408, 0, 0, false, true},
         // DeepSeek-V3: kv_a (576 x 7168), q_b (24576 x 1536) at a prefill size.
         Case{128, 576, 7168, 0, 0, false, false}, Case{512, 1024, 1536, 0, 8, true, false}));
+
+// The size classes (no GPU needed): powers of two from 4 up to 256, then multiples of 256.
+TEST(CublasLtFp8GemmSizeClassTest, PowersOfTwoThenMultiplesOf256) {
+  const std::vector<std::pair<int64_t, int64_t>> want = {
+      {1, 4},     {4, 4},       {5, 8},       {8, 8},       {12, 16},      {100, 128},
+      {128, 128}, {129, 256},   {256, 256},   {257, 512},   {500, 512},    {512, 512},
+      {513, 768}, {3000, 3072}, {3072, 3072}, {3073, 3328}, {32768, 32768}};
+  for (const auto& [m, c] : want) EXPECT_EQ(CublasLtFp8Gemm::SizeClass(m), c) << "m " << m;
+}
 
 TEST(CublasLtFp8GemmTakesTest, NamesTheLayoutsItNeeds) {
   Fp8LtGemm g;
