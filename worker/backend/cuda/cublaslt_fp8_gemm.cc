@@ -128,30 +128,41 @@ absl::StatusOr<const CublasLtFp8Gemm::Shape*> CublasLtFp8Gemm::ShapeFor(const Fp
                   "cublasLtMatrixLayoutCreate(D)");
   }
   if (!st.ok()) return st;
+  auto pick = AskHeuristic(*s);
+  if (!pick.ok()) return pick.status();
+  s->heuristic_status = pick->status;
+  s->has_algo = pick->found;
+  if (s->has_algo) s->algo = pick->algo;
+  const Shape* out = s.get();
+  shapes_.emplace(key, std::move(s));
+  return out;
+}
+
+absl::StatusOr<CublasLtFp8Gemm::HeuristicPick> CublasLtFp8Gemm::AskHeuristic(const Shape& s) {
   cublasLtMatmulPreference_t pref = nullptr;
-  st = LtStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  absl::Status st =
+      LtStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
   if (st.ok()) {
     st = LtStatus(
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                              &workspace_bytes_, sizeof(workspace_bytes_)),
         "cublasLtMatmulPreferenceSetAttribute");
   }
+  HeuristicPick pick;
   cublasLtMatmulHeuristicResult_t result;
   int found_algos = 0;
   if (st.ok()) {
     // A refusal (NOT_SUPPORTED: no such kernels on this device or cuBLAS; INVALID_VALUE: a
     // layout it does not take) is an answer, not an error: the caller takes another path.
-    s->heuristic_status = cublasLtMatmulAlgoGetHeuristic(lt_, s->op, s->w, s->q, s->d, s->d, pref,
-                                                         1, &result, &found_algos);
+    pick.status = cublasLtMatmulAlgoGetHeuristic(lt_, s.op, s.w, s.q, s.d, s.d, pref, 1, &result,
+                                                 &found_algos);
   }
   if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
   if (!st.ok()) return st;
-  s->has_algo = s->heuristic_status == CUBLAS_STATUS_SUCCESS && found_algos > 0 &&
-                result.state == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= workspace_bytes_;
-  if (s->has_algo) s->algo = result.algo;
-  const Shape* out = s.get();
-  shapes_.emplace(key, std::move(s));
-  return out;
+  pick.found = pick.status == CUBLAS_STATUS_SUCCESS && found_algos > 0 &&
+               result.state == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= workspace_bytes_;
+  if (pick.found) pick.algo = result.algo;
+  return pick;
 }
 
 absl::StatusOr<bool> CublasLtFp8Gemm::RunOne(const Fp8LtGemm& g, cudaStream_t stream) {
@@ -186,27 +197,10 @@ absl::StatusOr<bool> CublasLtFp8Gemm::RunOne(const Fp8LtGemm& g, cudaStream_t st
   cublasStatus_t status = matmul(&s.algo);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
     // The size class's algorithm does not take this m: the heuristic's first for m itself.
-    cublasLtMatmulPreference_t pref = nullptr;
-    st = LtStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-    if (st.ok()) {
-      st = LtStatus(
-          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                               &workspace_bytes_, sizeof(workspace_bytes_)),
-          "cublasLtMatmulPreferenceSetAttribute");
-    }
-    cublasLtMatmulHeuristicResult_t result;
-    int found_algos = 0;
-    const cublasStatus_t h =
-        st.ok() ? cublasLtMatmulAlgoGetHeuristic(lt_, s.op, s.w, s.q, s.d, s.d, pref, 1, &result,
-                                                 &found_algos)
-                : CUBLAS_STATUS_NOT_INITIALIZED;
-    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
-    if (!st.ok()) return st;
-    if (h != CUBLAS_STATUS_SUCCESS || found_algos == 0 || result.state != CUBLAS_STATUS_SUCCESS ||
-        result.workspaceSize > workspace_bytes_) {
-      return false;
-    }
-    status = matmul(&result.algo);
+    auto pick = AskHeuristic(s);
+    if (!pick.ok()) return pick.status();
+    if (!pick->found) return false;
+    status = matmul(&pick->algo);
   }
   st = LtStatus(status, "cublasLtMatmul(FP8 block-scaled)");
   if (!st.ok()) return st;

@@ -92,6 +92,14 @@ class CublasLtFp8Gemm {
 
   CublasLtFp8Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes);
   absl::StatusOr<const Shape*> ShapeFor(const Fp8LtGemm& g);
+  // The heuristic's first algorithm for s's descriptors as they stand (their current m), within
+  // the workspace; found false where it offers none. Errors: cuBLASLt failures.
+  struct HeuristicPick {
+    cublasStatus_t status = CUBLAS_STATUS_NOT_INITIALIZED;
+    bool found = false;
+    cublasLtMatmulAlgo_t algo;
+  };
+  absl::StatusOr<HeuristicPick> AskHeuristic(const Shape& s);
   // g's one or two single-grid parts (Run's split at split_rows); returns how many.
   static int Parts(const Fp8LtGemm& g, Fp8LtGemm parts[2]);
   // One matmul of rows [0, g.n) of g.w (its scale grid from its first row).
