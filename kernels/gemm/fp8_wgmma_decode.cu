@@ -115,6 +115,69 @@ __device__ __forceinline__ void WgmmaM64K32<64>(float* d, uint64_t desc_a, uint6
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// One k block of both kernels' consumer warpgroup: wait for stage s's tiles, the two m64nNk128
+// products (weight rows h * 64 ..) into part, release the stage, then acc += part * scale, scale
+// the activation row's block scale times the weight block's (0 for rows past the group).
+template <int N>
+__device__ __forceinline__ void SwapKBlock(uint32_t w_stage, uint32_t a_stage, uint32_t full,
+                                           uint32_t empty, uint32_t phase,
+                                           const float (&scale)[N / 8][2],
+                                           float (&acc)[2][N / 2]) {
+  constexpr int kRegs = N / 2;
+  float part[2][kRegs];
+  MbarWait(full, phase);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
+  }
+  WgmmaFence();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t wa = w_stage + h * 64 * kBlockK;
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 32; ++kk) {
+      WgmmaM64K32<N>(part[h], SmemDesc(wa + kk * 32), SmemDesc(a_stage + kk * 32), kk > 0);
+    }
+  }
+  WgmmaCommit();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
+  }
+  WgmmaWaitAll();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
+  }
+  MbarArrive(empty);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) acc[h][i] = fmaf(part[h][i], scale[i / 4][i % 2], acc[h][i]);
+  }
+}
+
+// c[r0 + row, j] = acc for the rows row < count of the group and weight rows j < n: wgmma's
+// fragment puts the weight rows j as 8 consecutive columns of c across lane / 4; c0 is this
+// thread's first row (as an offset in the group).
+template <int N>
+__device__ __forceinline__ void SwapStore(const float (&acc)[2][N / 2], const SwapArgs& args,
+                                          int32_t r0, int32_t c0, int32_t count, int32_t m0) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const int32_t row = c0 + 8 * (i / 4) + i % 2;
+      const int32_t j = m0 + h * 64 + warp * 16 + lane / 4 + 8 * ((i % 4) / 2);
+      if (row < count && j < args.n) args.c[int64_t{r0 + row} * args.ldc + j] = acc[h][i];
+    }
+  }
+}
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Grid (weight tiles, groups). wgmma's fragment of an m64nN product: register 4 i + q of a thread
@@ -176,14 +239,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   constexpr int kRegs = N / 2;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
   const float* sw = args.scales[g] + Fp8ScaleRow(m0, args.split_rows) * int64_t{args.scale_ld};
   const float* sa_group = args.a_scales + int64_t{r0} * k_blocks;
   uint32_t it = 0;
   for (int32_t ch = 0; ch < chunks; ++ch) {
     // This thread's activation rows (as offsets in the group): 8 i + 2 (lane % 4) + {0, 1}.
     const int32_t c0 = ch * N + 2 * (lane % 4);
-    float acc[2][kRegs], part[2][kRegs];
+    float acc[2][kRegs];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -203,54 +266,9 @@ __global__ void __launch_bounds__(kThreads)
           sa[i][q] = r < count ? __ldg(sa_group + int64_t{kb} * count + r) * s_w : 0.0f;
         }
       }
-      MbarWait(full_bar + 8 * s, phase);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
-      }
-      WgmmaFence();
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t wa = w_tile(s) + h * 64 * kBlockK;
-#pragma unroll
-        for (int kk = 0; kk < kBlockK / 32; ++kk) {
-          WgmmaM64K32<N>(part[h], SmemDesc(wa + kk * 32), SmemDesc(a_tile(s) + kk * 32), kk > 0);
-        }
-      }
-      WgmmaCommit();
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
-      }
-      WgmmaWaitAll();
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
-      }
-      MbarArrive(empty_bar + 8 * s);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i) {
-          acc[h][i] = fmaf(part[h][i], sa[i / 4][i % 2], acc[h][i]);
-        }
-      }
+      SwapKBlock<N>(w_tile(s), a_tile(s), full_bar + 8 * s, empty_bar + 8 * s, phase, sa, acc);
     }
-    // c[r0 + row, j]: the weight rows j are 8 consecutive columns of c across lane / 4.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i) {
-        const int32_t row = c0 + 8 * (i / 4) + i % 2;
-        const int32_t j = m0 + h * 64 + warp * 16 + lane / 4 + 8 * ((i % 4) / 2);
-        if (row < count && j < args.n) {
-          args.c[int64_t{r0 + row} * args.ldc + j] = acc[h][i];
-        }
-      }
-    }
+    SwapStore<N>(acc, args, r0, c0, count, m0);
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
@@ -395,9 +413,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   constexpr int kRegs = N / 2;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
   // The scales of one (unit, k block) step: the weight block's scale and the activation rows'
-  // scales as read, multiplied when used (the same products as Fp8WgmmaSwapKernel's). Up to
+  // scales as read, multiplied before the step (the same products as Fp8WgmmaSwapKernel's). Up to
   // N 32 loaded a step ahead (the next unit's first block during the current unit's last); N 64
   // has no registers to spare and loads them at the top of the step.
   constexpr bool kAhead = N <= 32;
@@ -438,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       w_next = FindUnit<N>(prefix, num_groups, args.offsets, u_next);
       sw_next = weight_scales(w_next);
     }
-    float acc[2][kRegs], part[2][kRegs];
+    float acc[2][kRegs];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -462,54 +480,14 @@ __global__ void __launch_bounds__(kThreads, 2)
       } else {
         load_scales(w, sw, kb, &s_w, sa);
       }
-      MbarWait(full_bar + 8 * s, phase);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int i = 0; i < N / 8; ++i) {
 #pragma unroll
-        for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
+        for (int q = 0; q < 2; ++q) sa[i][q] *= s_w;
       }
-      WgmmaFence();
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t wa = w_tile(s) + h * 64 * kBlockK;
-#pragma unroll
-        for (int kk = 0; kk < kBlockK / 32; ++kk) {
-          WgmmaM64K32<N>(part[h], SmemDesc(wa + kk * 32), SmemDesc(a_tile(s) + kk * 32), kk > 0);
-        }
-      }
-      WgmmaCommit();
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
-      }
-      WgmmaWaitAll();
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i) FenceReg(part[h][i]);
-      }
-      MbarArrive(empty_bar + 8 * s);
-      // Rows past the group take 0 (their results are not stored).
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i) {
-          acc[h][i] = fmaf(part[h][i], sa[i / 4][i % 2] * s_w, acc[h][i]);
-        }
-      }
+      SwapKBlock<N>(w_tile(s), a_tile(s), full_bar + 8 * s, empty_bar + 8 * s, phase, sa, acc);
     }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i) {
-        const int32_t row = c0 + 8 * (i / 4) + i % 2;
-        const int32_t j = m0 + h * 64 + warp * 16 + lane / 4 + 8 * ((i % 4) / 2);
-        if (row < count && j < args.n) {
-          args.c[int64_t{w.r0 + row} * args.ldc + j] = acc[h][i];
-        }
-      }
-    }
+    SwapStore<N>(acc, args, w.r0, c0, count, m0);
     w = w_next;
     sw = sw_next;
   }
