@@ -111,11 +111,38 @@ __device__ void RoundToBf16Body(int64_t n, const float* x, uint16_t* out) {
   }
 }
 
+// Groups of 8 values (x 16-byte and out 16-byte aligned): two 16-byte loads and one 16-byte store
+// a thread; Index as for SiluMulX4Body. The scalar body's rounding per value.
+template <typename Index>
+__device__ void RoundToBf16X8Body(Index groups, const float* x, uint16_t* out) {
+  const Index stride = static_cast<Index>(gridDim.x) * kThreads;
+  for (Index i = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; i < groups; i += stride) {
+    const float4 a = reinterpret_cast<const float4*>(x)[2 * int64_t{i}];
+    const float4 b = reinterpret_cast<const float4*>(x)[2 * int64_t{i} + 1];
+    reinterpret_cast<uint4*>(out)[i] =
+        make_uint4(Bf16x2(a.x, a.y), Bf16x2(a.z, a.w), Bf16x2(b.x, b.y), Bf16x2(b.z, b.w));
+  }
+}
+
 }  // namespace
 
 cudaError_t RoundF32ToBf16(int64_t n, const float* x, uint16_t* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  return LaunchAfterPrecedingGrids<RoundToBf16Body, kThreads>(GridFor(n), 0, stream, n, x, out);
+  // The scalar kernel wrote ~1.2 TB/s on DeepSeek-V3's attention output (128 tokens x 128 heads x
+  // 512, Nsight Compute on the H200); 16-byte accesses where the pointers allow.
+  if (n % 8 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    return LaunchAfterPrecedingGrids<RoundToBf16Body, kThreads>(GridFor(n), 0, stream, n, x, out);
+  }
+  const int64_t groups = n / 8;
+  const int64_t blocks = std::min<int64_t>((groups + kThreads - 1) / kThreads, int64_t{1} << 20);
+  const unsigned grid = static_cast<unsigned>(blocks);
+  if (groups + blocks * kThreads < (int64_t{1} << 32)) {
+    return LaunchAfterPrecedingGrids<RoundToBf16X8Body<uint32_t>, kThreads>(
+        grid, 0, stream, static_cast<uint32_t>(groups), x, out);
+  }
+  return LaunchAfterPrecedingGrids<RoundToBf16X8Body<int64_t>, kThreads>(grid, 0, stream, groups,
+                                                                          x, out);
 }
 
 cudaError_t AddF32(int64_t n, const float* a, const float* b, float* out, cudaStream_t stream) {
