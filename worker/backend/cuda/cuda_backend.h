@@ -536,12 +536,14 @@ class CudaBackend : public Backend {
   // bf16 and quantised in one pass, down written in bf16, the combine reading bf16. false
   // (nothing launched): cuBLASLt or the layout does not take every busy expert's two GEMMs.
   bool RoutedExpertsFp8W8A8(const RoutedExpertsArgs& a, const MoePermutation& perm);
-  // ExpertGemmsFp8OnDevice's bf16 rows on kernels::Fp8WgmmaSwapGroupedGemm (W8A8, from
-  // CudaTuning::fp8_swap_min_tokens tokens): quantise, gate_up, SiLU-mul, quantise, down. false
+  // RoutedExpertsFp8's device path on kernels::Fp8WgmmaSwapGroupedGemm (W8A8, from
+  // CudaTuning::fp8_swap_min_tokens tokens; `rows` the permuted rows' bound at row_align 1), the
+  // values of a bf16 gather then ExpertGemmsFp8OnDevice's bf16 operands: the plan (no rows
+  // gathered), each token row rounded to bf16 and quantised once into its experts' rows, gate_up
+  // (fp32), SiLU-mul rounded to bf16 and quantised in one pass, down, the combine. false
   // (nothing launched) where it is not taken: the mode, the device, the sizes, or the weight
   // descriptors not built (a capture before the table's first eager call).
-  bool ExpertGemmsFp8Swap(const RoutedExpertsArgs& a, const int32_t* offsets, int64_t rows,
-                          const void* permuted, float* expert_out);
+  bool RoutedExpertsFp8Swap(const RoutedExpertsArgs& a, int64_t rows);
   // The swap kernel's weight descriptors of one expert table (device `table`, its host copy
   // host_table [num_experts], each matrix [n, k]): built (a host synchronisation) at the first
   // call with these pointers outside a capture, kept until the backend goes; null where not built.

@@ -228,7 +228,6 @@ void CudaBackend::ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32
                                          int64_t rows, bool mma, const void* permuted,
                                          float* expert_out) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
-  if (mma && ExpertGemmsFp8Swap(a, offsets, rows, permuted, expert_out)) return;
   auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
   if (mma) {
     kernels::Fp8MmaGroupedGemmParams g;
@@ -447,18 +446,16 @@ const void* CudaBackend::Fp8SwapWeightMaps(const void* const* table, const void*
   return maps.device;
 }
 
-bool CudaBackend::ExpertGemmsFp8Swap(const RoutedExpertsArgs& a, const int32_t* offsets,
-                                     int64_t rows, const void* permuted, float* expert_out) {
+bool CudaBackend::RoutedExpertsFp8Swap(const RoutedExpertsArgs& a, int64_t rows) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
   if (tuning_.batch_invariant || T < tuning_.fp8_swap_min_tokens || H % 128 != 0 || I % 128 != 0 ||
-      !kernels::Fp8WgmmaSwapDeviceSupports()) {
+      K > 32 || !Aligned16(a.hidden) || !kernels::Fp8WgmmaSwapDeviceSupports()) {
     return false;
   }
   kernels::Fp8WgmmaSwapGroupedGemmParams gu, dn;
   gu.num_groups = dn.num_groups = E;
   gu.max_rows = dn.max_rows = static_cast<int32_t>(rows);
-  gu.offsets = dn.offsets = offsets;
   // A token's top-k experts are distinct: T rows at most in one expert, T * K / E on average.
   gu.rows_per_group_hint = dn.rows_per_group_hint =
       static_cast<int32_t>(std::min<int64_t>(T, std::max<int64_t>(1, (T * K + E - 1) / E)));
@@ -472,6 +469,7 @@ bool CudaBackend::ExpertGemmsFp8Swap(const RoutedExpertsArgs& a, const int32_t* 
   // 64-byte aligned).
   alignas(64) static const float kProbe[16] = {};
   for (kernels::Fp8WgmmaSwapGroupedGemmParams* p : {&gu, &dn}) {
+    p->offsets = reinterpret_cast<const int32_t*>(kProbe);
     p->a = reinterpret_cast<const uint8_t*>(kProbe), p->a_scales = kProbe;
     p->weight_maps = kProbe, p->c = const_cast<float*>(kProbe);
     if (!kernels::Fp8WgmmaSwapGroupedGemmSupports(*p)) return false;
@@ -479,29 +477,36 @@ bool CudaBackend::ExpertGemmsFp8Swap(const RoutedExpertsArgs& a, const int32_t* 
   gu.weight_maps = Fp8SwapWeightMaps(a.gate_up, a.gate_up_host, E, 2 * I, H);
   dn.weight_maps = Fp8SwapWeightMaps(a.down, a.down_host, E, H, I);
   if (gu.weight_maps == nullptr || dn.weight_maps == nullptr) return false;
+  // The plan only: the token rows go straight from a.hidden into their experts' quantised rows.
+  const MoePermutation perm =
+      PermuteRoutedRows(a, rows, /*row_align=*/1, /*bf16=*/true, /*gather=*/false);
+  const int32_t* offsets = perm.plan->as<int32_t>() + E;
+  gu.offsets = dn.offsets = offsets;
   PhaseTimer phase(this, "RoutedExpertsFp8Mma/wgmma-swap", true);
   const int64_t width = std::max(H, I);
   auto q = AllocateScratch(rows * width);
   auto q_scales = AllocateScratch(rows * kernels::Fp8ScaleCols(width) * sizeof(float));
   auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
-  auto act = AllocateScratch(rows * I * sizeof(uint16_t));
+  auto expert_out = AllocateScratch(rows * H * sizeof(float));
   // Each group's rows quantised with their scales packed for the group (Fp8QuantizeRows'
-  // grouped layout, which the swap kernel reads).
-  auto quantize = [&](const void* x, int64_t k, const char* what) {
-    kernels::Fp8QuantizeParams qp;
-    qp.m = rows, qp.k = k, qp.a = x, qp.a_bf16 = true, qp.lda = k;
-    qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = rows;
-    qp.group_offsets = offsets, qp.num_groups = E;
-    Check(kernels::Fp8QuantizeRows(qp, stream_), what);
-  };
-  quantize(permuted, H, "kernels::Fp8QuantizeRows(gate_up)");
+  // grouped layout, which the swap kernel reads). The rows are those of a bf16 gather (each
+  // token row rounded to bf16, then quantised once and written to its top-k experts' rows) and
+  // of SiluMulF32ToBf16's product; row_align 1: no group padding rows.
+  kernels::Fp8QuantizeParams qp;
+  qp.m = T, qp.k = H, qp.a = a.hidden, qp.round_bf16 = true, qp.lda = H;
+  qp.q = q->as<uint8_t>(), qp.ldq = H, qp.scales = q_scales->as<float>(), qp.m_pad = T;
+  qp.group_offsets = offsets, qp.num_groups = E;
+  qp.dest_rows = perm.choice_row->as<int32_t>(), qp.dests_per_row = static_cast<int32_t>(K);
+  Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(gate_up)");
   gu.a = q->as<uint8_t>(), gu.a_scales = q_scales->as<float>(), gu.c = gate_up->as<float>();
   Check(kernels::Fp8WgmmaSwapGroupedGemm(gu, stream_), "kernels::Fp8WgmmaSwapGroupedGemm(gate_up)");
-  Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
-        "kernels::SiluMulF32ToBf16");
-  quantize(act->data(), I, "kernels::Fp8QuantizeRows(down)");
-  dn.a = q->as<uint8_t>(), dn.a_scales = q_scales->as<float>(), dn.c = expert_out;
+  qp.m = rows, qp.k = I, qp.a = gate_up->data(), qp.round_bf16 = false, qp.silu_mul = true;
+  qp.lda = 2 * I, qp.ldq = I, qp.m_pad = rows;
+  qp.dest_rows = nullptr, qp.dests_per_row = 0;
+  Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(silu_mul)");
+  dn.a = q->as<uint8_t>(), dn.a_scales = q_scales->as<float>(), dn.c = expert_out->as<float>();
   Check(kernels::Fp8WgmmaSwapGroupedGemm(dn, stream_), "kernels::Fp8WgmmaSwapGroupedGemm(down)");
+  CombineExpertRows(a, perm, *expert_out, /*bf16=*/false);
   return true;
 }
 
@@ -550,6 +555,7 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
     }
     if (RoutedExpertsFp8W8A8(a, plan)) return true;
   }
+  if (mma && RoutedExpertsFp8Swap(a, rows)) return true;
   const MoePermutation perm = PermuteRoutedRows(a, rows, row_align, /*bf16=*/mma, /*gather=*/true);
   auto expert_out = AllocateScratch(rows * H * sizeof(float));
   if (per_expert) {
