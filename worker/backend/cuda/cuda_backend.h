@@ -490,6 +490,31 @@ class CudaBackend : public Backend {
   bool GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                    const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
                    bool accumulate, const char* phase_name);
+  // GemmFp8W8A8's cuBLASLt GEMM for an operand quantised elsewhere (kernels::Fp8QuantizeRows'
+  // plain layout at RoundUp4(m) rows, ldq k): the GEMM and where its result goes.
+  struct W8A8Gemm {
+    Fp8LtGemm g;  // q, q_scales set by RunW8A8Gemm; d null: the scratch RunW8A8Gemm takes
+    int64_t m = 0;
+    void* c = nullptr;
+    int64_t ldc = 0;
+    bool direct = false, accumulate = false;
+  };
+  // GemmFp8W8A8's checks on the weight and output and cuBLASLt's heuristic, into *out: false
+  // (nothing launched) where that path does not take them. Errors: cuBLASLt's.
+  absl::StatusOr<bool> PrepareW8A8Gemm(int64_t m, int64_t n, int64_t k, const WeightView& w,
+                                       int64_t ldw, void* c, int64_t ldc, bool c_bf16,
+                                       bool accumulate, W8A8Gemm* out);
+  // A prepared GEMM on q ([RoundUp4(m), k] e4m3) and q_scales; a ragged fp32 result through
+  // scratch then kernels::AddRowsF32.
+  void RunW8A8Gemm(const W8A8Gemm& g, const uint8_t* q, const float* q_scales);
+  // AddRmsNormGemms with FP8 weights from CudaTuning::fp8_w8a8_min_rows rows (each target a
+  // GemmFp8W8A8), the normed rows quantised once for every target, by the norm's pass where
+  // kernels::AddRmsNormFp8 takes them (then normed / normed_bf16 are left unwritten): the values
+  // of AddRmsNorm then one GemmFp8W8A8 per target (cuda_backend_w8a8.cc). false (nothing
+  // launched) where a target would not take that path.
+  bool AddRmsNormGemmsW8A8(int64_t rows, int64_t dim, float* x, const float* y,
+                           const float* weight, float eps, float* normed, uint16_t* normed_bf16,
+                           const std::vector<NormedGemm>& gemms);
   // GateUpSiluMulBf16 with FP8 weights (rows >= kBf16GateUpMinRows).
   bool GateUpSiluMulFp8(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
                         WeightView w, int64_t ldw, uint16_t* out);

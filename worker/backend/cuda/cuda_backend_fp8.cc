@@ -48,59 +48,76 @@ std::unique_ptr<DeviceBuffer> CudaBackend::DequantizeToBf16(const WeightView& w,
   return w16;
 }
 
-bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
-                              const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
-                              bool accumulate, const char* phase_name) {
-  const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
-  const int64_t a_elem = a_bf16 ? 2 : 4;
-  if (lt_fp8_ == nullptr || m < 1 || k < 16 || k % 16 != 0 || (lda * a_elem) % 16 != 0 ||
-      !Aligned16(a.data) || w.fp8.scale_ld != kernels::Fp8ScaleLd(k)) {
+absl::StatusOr<bool> CudaBackend::PrepareW8A8Gemm(int64_t m, int64_t n, int64_t k,
+                                                  const WeightView& w, int64_t ldw, void* c,
+                                                  int64_t ldc, bool c_bf16, bool accumulate,
+                                                  W8A8Gemm* out) {
+  if (lt_fp8_ == nullptr || m < 1 || k < 16 || k % 16 != 0 ||
+      w.fp8.scale_ld != kernels::Fp8ScaleLd(k)) {
     return false;
   }
   // cuBLASLt takes whole groups of 4 rows: a ragged fp32 result goes through scratch.
-  const int64_t m4 = RoundUp4(m), blocks = kernels::Fp8ScaleCols(k);
+  const int64_t m4 = RoundUp4(m);
   const bool direct = c_bf16 || (m4 == m && Aligned16(c) && ldc % 4 == 0);
-  Fp8LtGemm g;
+  Fp8LtGemm& g = out->g;
+  g = Fp8LtGemm();
   g.m = m4, g.n = n, g.k = k, g.ldq = k;
   g.w = Fp8Weight(w, ldw);
   g.d_bf16 = c_bf16;
   g.d = c, g.ldd = ldc, g.accumulate = accumulate;
   if (direct && !(Aligned16(c) && ((c_bf16 ? 2 : 4) * ldc) % 16 == 0)) return false;
-  if (!direct) {  // the scratch, set below
+  if (!direct) {  // the scratch, taken by RunW8A8Gemm
     g.d = nullptr;
     g.ldd = RoundUp4(n);
     g.accumulate = false;
   }
+  out->m = m, out->c = c, out->ldc = ldc, out->direct = direct, out->accumulate = accumulate;
+  return lt_fp8_->Ready(g);
+}
+
+void CudaBackend::RunW8A8Gemm(const W8A8Gemm& w8a8, const uint8_t* q, const float* q_scales) {
+  Fp8LtGemm g = w8a8.g;
+  std::unique_ptr<DeviceBuffer> d;
+  if (!w8a8.direct) {
+    d = AllocateScratch(g.m * g.ldd * sizeof(float));
+    g.d = d->data();
+  }
+  g.q = q;
+  g.q_scales = q_scales;
+  auto ran = lt_fp8_->Run(g, stream_);
+  if (!Record(ran.status())) return;
+  if (!*ran) {
+    Record(absl::InternalError("CudaBackend::Gemm: cuBLASLt refused an FP8 GEMM it had accepted"));
+    return;
+  }
+  if (!w8a8.direct) {
+    Check(kernels::AddRowsF32(w8a8.m, g.n, d->as<float>(), g.ldd, static_cast<float*>(w8a8.c),
+                              w8a8.ldc, w8a8.accumulate, stream_),
+          "kernels::AddRowsF32");
+  }
+}
+
+bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
+                              const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
+                              bool accumulate, const char* phase_name) {
+  const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
+  const int64_t a_elem = a_bf16 ? 2 : 4;
+  if ((lda * a_elem) % 16 != 0 || !Aligned16(a.data)) return false;
   // The shape is checked (and cuBLASLt's heuristic asked) before any scratch is taken.
-  auto ready = lt_fp8_->Ready(g);
+  W8A8Gemm g;
+  auto ready = PrepareW8A8Gemm(m, n, k, w, ldw, c, ldc, c_bf16, accumulate, &g);
   if (!Record(ready.status())) return true;
   if (!*ready) return false;
 
   PhaseTimer phase(this, phase_name, true);
+  const int64_t m4 = RoundUp4(m);
   auto q = AllocateScratch(m4 * k);
-  auto q_scales = AllocateScratch(blocks * m4 * sizeof(float));
-  std::unique_ptr<DeviceBuffer> d;
-  if (!direct) {
-    d = AllocateScratch(m4 * g.ldd * sizeof(float));
-    g.d = d->data();
-  }
-  g.q = q->as<uint8_t>();
-  g.q_scales = q_scales->as<float>();
+  auto q_scales = AllocateScratch(kernels::Fp8ScaleCols(k) * m4 * sizeof(float));
   kernels::Fp8QuantizeParams qp;
   qp.m = m, qp.k = k, qp.a = a.data, qp.a_bf16 = a_bf16, qp.lda = lda;
   qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = m4;
   Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows");
-  auto ran = lt_fp8_->Run(g, stream_);
-  if (!Record(ran.status())) return true;
-  if (!*ran) {
-    Record(absl::InternalError("CudaBackend::Gemm: cuBLASLt refused an FP8 GEMM it had accepted"));
-    return true;
-  }
-  if (!direct) {
-    Check(kernels::AddRowsF32(m, n, d->as<float>(), g.ldd, static_cast<float*>(c), ldc, accumulate,
-                              stream_),
-          "kernels::AddRowsF32");
-  }
+  RunW8A8Gemm(g, q->as<uint8_t>(), q_scales->as<float>());
   return true;
 }
 
