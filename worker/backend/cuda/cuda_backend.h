@@ -99,8 +99,9 @@ struct CudaTuning {
   // transformers' FP8 scheme. Tests that compare with bf16 references set it past their sizes.
   int64_t fp8_w8a8_min_rows = CudaTuningDefaults::kFp8W8A8MinRows;
   // FP8 routed experts on the device path (where kernels::Fp8MmaGroupedGemm runs them) from this
-  // many tokens: the permuted rows and the SiLU-mul output quantised to e4m3 per row and 128-wide
-  // block (kernels::Fp8QuantizeRows) and both expert GEMMs on kernels::Fp8WgmmaSwapGroupedGemm
+  // many tokens: the token rows and the SiLU-mul output quantised to e4m3 per row and 128-wide
+  // block (kernels::Fp8QuantizeRows: the rows into their experts' places, the SiLU-mul in its
+  // own pass) and both expert GEMMs on kernels::Fp8WgmmaSwapGroupedGemm
   // (W8A8 on Hopper wgmma, weights on the M side; compute capability 9.0), never in the
   // batch-invariant mode. The weights' TMA descriptors are built at an expert table's first call
   // outside a CUDA graph capture (a captured call before that keeps Fp8MmaGroupedGemm). 3: the
@@ -119,8 +120,9 @@ struct CudaTuning {
   //    kernels::Fp8MmaGemm
   //    with a fixed k split (kBatchInvariantFp8KSplit; its tile by rows as below, every tile
   //    giving the same bits at a fixed split), else the weight dequantised to bf16;
-  //  * AddRmsNormGemms, GateUpSiluMulBf16, NormedDenseMlp, RoutedAndSharedExperts,
-  //    NormRopeCacheAbsorbQuery, MhaPrefillAttention: the Backend's separate ops;
+  //  * AddRmsNormGemms, GateUpSiluMulBf16, SwiGluMlpBf16, NormedDenseMlp,
+  //    RoutedAndSharedExperts, NormRopeCacheAbsorbQuery, MhaPrefillAttention: the Backend's
+  //    separate ops;
   //  * RouteTokens: AddRmsNorm + kernels::RouteTokensF32 at every token count, in calls of at
   //    most kernels::kMaxFusedRouterTokens tokens (each logit summed in one order for every
   //    tile and token count; the counts in the call, or after the calls in one
@@ -349,6 +351,12 @@ class CudaBackend : public Backend {
   // From kBf16GateUpMinRows rows with bf16 weights, outside batch-invariant mode: one cuBLAS GEMM
   // with a bf16 output (fp32 accumulation, rounded once by its epilogue; an fp32 a rounded to
   // bf16 first, as Gemm rounds it).
+  // FP8 gate_up and down at W8A8 rows (cuda_backend_w8a8.cc): gate_up on GemmFp8W8A8 (fp32, or
+  // bf16 from kBf16GateUpMinRows rows as GateUpSiluMulFp8), the SiLU-mul rounded to bf16 and
+  // quantised in one pass (kernels::Fp8QuantizeRows' silu_mul mode: the operand down's
+  // GemmFp8W8A8 would quantise), down on it.
+  bool SwiGluMlpBf16(int64_t rows, int64_t hidden, int64_t inter, ActivationView h,
+                     WeightView gate_up, WeightView down, float* out, bool accumulate) override;
   bool GemmToBf16(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
                   int64_t ldw, uint16_t* c, int64_t ldc) override;
   // The same conditions (m rows a product): cublasGemmStridedBatchedEx with a bf16 output.
