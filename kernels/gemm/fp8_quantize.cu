@@ -213,8 +213,7 @@ template <Source kSource>
 void Launch(const Fp8QuantizeParams& q, int64_t blocks_per_row, int64_t splits, unsigned grid,
             cudaStream_t stream) {
   if (q.dest_rows != nullptr) {
-    QuantizeScatterKernel<kSource>
-        <<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
+    QuantizeScatterKernel<kSource><<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
   } else {
     QuantizeKernel<kSource><<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
   }
@@ -242,7 +241,8 @@ cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream) {
   if (p.m < 0 || p.k < 1 || p.k % 16 != 0 || p.m_pad < p.m || p.lda < a_width ||
       (p.lda * a_elem) % 16 != 0 || p.ldq < p.k || p.ldq % 16 != 0 || p.q == nullptr ||
       p.scales == nullptr || !Aligned16(p.q) || (p.m > 0 && (p.a == nullptr || !Aligned16(p.a))) ||
-      (p.group_offsets != nullptr && p.num_groups < 1) || (p.round_bf16 && (p.a_bf16 || p.silu_mul)) ||
+      (p.group_offsets != nullptr && p.num_groups < 1) ||
+      (p.round_bf16 && (p.a_bf16 || p.silu_mul)) ||
       (p.dest_rows != nullptr &&
        (p.group_offsets == nullptr || p.dests_per_row < 1 || p.dests_per_row > kMaxDests))) {
     return cudaErrorInvalidValue;

@@ -145,8 +145,7 @@ __device__ __forceinline__ void QuantizeChunk(float4 o, bool present, int c, int
     o.z = __bfloat162float(__float2bfloat16_rn(o.z));
     o.w = __bfloat162float(__float2bfloat16_rn(o.w));
   }
-  float amax =
-      present ? fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w))) : 0.0f;
+  float amax = present ? fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w))) : 0.0f;
   for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
   if (!present) return;
   const float s = fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN);
@@ -352,8 +351,8 @@ cudaError_t AddRmsNormFp8(int64_t rows, int64_t dim, float* x, const float* y, c
     return LaunchAfterPrecedingGrids<AddRmsNormFp8Body<4>, kThreads>(
         grid, 0, stream, rows, dim, x, y, weight, eps, out, out_bf16, fp8);
   }
-  return LaunchAfterPrecedingGrids<AddRmsNormFp8Body<7>, kThreads>(
-      grid, 0, stream, rows, dim, x, y, weight, eps, out, out_bf16, fp8);
+  return LaunchAfterPrecedingGrids<AddRmsNormFp8Body<7>, kThreads>(grid, 0, stream, rows, dim, x, y,
+                                                                   weight, eps, out, out_bf16, fp8);
 }
 
 cudaError_t RmsNormF32(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,

@@ -260,7 +260,8 @@ TEST(RmsNormKernelTest, AddRmsNormFp8QuantisesTheNormedRows) {
         auto y = testing::RandomFloats(n, seed + 1, 2.0f);
         auto w = testing::RandomFloats(dim, seed + 2);
         // A row with a wide range of block magnitudes (e4m3 subnormals in the small blocks).
-        for (int64_t i = 0; i < dim && rows > 1; ++i) w[i] *= std::ldexp(1.0f, (i / 128) % 5 * 4 - 8);
+        for (int64_t i = 0; i < dim && rows > 1; ++i)
+          w[i] *= std::ldexp(1.0f, (i / 128) % 5 * 4 - 8);
         const float eps = 1e-6f;
         std::vector<float> cpu_x = x, cpu_out(n);
         cpu.AddRmsNorm(rows, dim, cpu_x.data(), with_y ? y.data() : nullptr, w.data(), eps,
@@ -302,7 +303,8 @@ TEST(RmsNormKernelTest, AddRmsNormFp8QuantisesTheNormedRows) {
             float v[128] = {}, amax = 0.0f, want_s = 1.0f;
             if (r < rows) {
               for (int64_t c = p0; c < p1; ++c) {
-                v[c - p0] = from_bf16 ? Bf16BitsToFloat(got_bf16[r * dim + c]) : got_out[r * dim + c];
+                v[c - p0] =
+                    from_bf16 ? Bf16BitsToFloat(got_bf16[r * dim + c]) : got_out[r * dim + c];
                 amax = std::max(amax, std::fabs(v[c - p0]));
               }
               want_s = std::max(amax / 448.0f, FLT_MIN);

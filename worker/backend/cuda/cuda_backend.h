@@ -520,8 +520,8 @@ class CudaBackend : public Backend {
   // kernels::AddRmsNormFp8 takes them (then normed / normed_bf16 are left unwritten): the values
   // of AddRmsNorm then one GemmFp8W8A8 per target (cuda_backend_w8a8.cc). false (nothing
   // launched) where a target would not take that path.
-  bool AddRmsNormGemmsW8A8(int64_t rows, int64_t dim, float* x, const float* y,
-                           const float* weight, float eps, float* normed, uint16_t* normed_bf16,
+  bool AddRmsNormGemmsW8A8(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
+                           float eps, float* normed, uint16_t* normed_bf16,
                            const std::vector<NormedGemm>& gemms);
   // GateUpSiluMulBf16 with FP8 weights (rows >= kBf16GateUpMinRows).
   bool GateUpSiluMulFp8(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,

@@ -71,8 +71,7 @@ bool CudaBackend::AddRmsNormGemmsW8A8(int64_t rows, int64_t dim, float* x, const
 }
 
 bool CudaBackend::SwiGluMlpBf16(int64_t rows, int64_t hidden, int64_t inter, ActivationView h,
-                                WeightView gate_up, WeightView down, float* out,
-                                bool accumulate) {
+                                WeightView gate_up, WeightView down, float* out, bool accumulate) {
   const int64_t H = hidden, I = inter;
   const int64_t h_elem = h.dtype == WeightDType::kBFloat16 ? 2 : 4;
   if (tuning_.batch_invariant || rows < tuning_.fp8_w8a8_min_rows ||
@@ -97,8 +96,7 @@ bool CudaBackend::SwiGluMlpBf16(int64_t rows, int64_t hidden, int64_t inter, Act
   if (!*dn_ready) return false;
   OpTimer timer(this, "SwiGluMlpBf16");
   // bf16: m rounded up to 4 rows (GemmFp8W8A8 writes the padding rows).
-  auto gu = AllocateScratch((gate_up_bf16 ? m4 * sizeof(uint16_t) : rows * sizeof(float)) * 2 *
-                            I);
+  auto gu = AllocateScratch((gate_up_bf16 ? m4 * sizeof(uint16_t) : rows * sizeof(float)) * 2 * I);
   if (!GemmFp8W8A8(rows, 2 * I, H, h, H, gate_up, H, gu->data(), 2 * I, gate_up_bf16,
                    /*accumulate=*/false, "SwiGluMlpBf16/gate_up-w8a8")) {
     Record(absl::InternalError("CudaBackend::SwiGluMlpBf16: gate_up's W8A8 GEMM declined"));

@@ -1,9 +1,10 @@
 // CudaBackend's W8A8 ops that quantise an activation once for several cuBLASLt FP8 GEMMs, or
-// in the pass that computes it (cuda_backend_w8a8.cc: AddRmsNormGemms, SwiGluMlpBf16), at CudaTuning::fp8_w8a8_min_rows rows and more on compute capability
-// 9.0: bit for bit the unfused sequence of ops on the same backend (the quantised operands and
-// GEMMs are the same), and within a bound of a host reference: the rows normed by CpuBackend,
-// quantised per 128-wide block with the loader's e4m3 encoder, times the dequantised FP8 weights
-// in double. Skips without a GPU or on another compute capability.
+// in the pass that computes it (cuda_backend_w8a8.cc: AddRmsNormGemms, SwiGluMlpBf16), at
+// CudaTuning::fp8_w8a8_min_rows rows and more on compute capability 9.0: bit for bit the unfused
+// sequence of ops on the same backend (the quantised operands and GEMMs are the same), and within a
+// bound of a host reference: the rows normed by CpuBackend, quantised per 128-wide block with the
+// loader's e4m3 encoder, times the dequantised FP8 weights in double. Skips without a GPU or on
+// another compute capability.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -233,13 +234,13 @@ TEST_F(CudaW8A8Test, SwiGluMlpQuantisesTheSiluMulForDown) {
     std::vector<uint16_t> h16 = FloatsToBf16Bits(h);
     auto dh16 = gpu_->Allocate(h16.size() * sizeof(uint16_t));
     gpu_->CopyToDevice(h16.data(), h16.size() * sizeof(uint16_t), dh16->data());
-    const ActivationView a = t.h_bf16 ? ActivationView::Bf16(dh16->as<uint16_t>())
-                                      : ActivationView(dh->as<float>());
+    const ActivationView a =
+        t.h_bf16 ? ActivationView::Bf16(dh16->as<uint16_t>()) : ActivationView(dh->as<float>());
     auto out = Upload(out0), unfused = Upload(out0);
 
     gpu_->SetOpTiming(true);
-    ASSERT_TRUE(gpu_->SwiGluMlpBf16(rows, H, I, a, gu.view(), dn.view(), out->as<float>(),
-                                    t.accumulate));
+    ASSERT_TRUE(
+        gpu_->SwiGluMlpBf16(rows, H, I, a, gu.view(), dn.view(), out->as<float>(), t.accumulate));
     ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
     const std::string report = gpu_->TakeOpTimingReport();
     gpu_->SetOpTiming(false);
