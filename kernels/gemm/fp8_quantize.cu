@@ -1,10 +1,10 @@
 // Activation quantisation to e4m3 per 128-wide block: see fp8_quantize.h. One warp per row (a
 // source row when scattered), four 128-wide blocks an iteration, eight lanes a block, sixteen
-// contiguous values a lane: 16-byte loads of a (four for fp32, two for bf16, four for SwiGLU's
-// gate and up) and one 16-byte store of e4m3 bytes per lane and destination row. A row's group
-// (its scales' place) is looked up once per warp, a scattered row's destinations too (lane j
-// holds destination j). Fewer rows than kTargetWarps (decode): each row's iterations split over
-// up to that many warps, so a few long rows still fill the GPU.
+// contiguous values a lane: 16-byte loads of a (four for fp32, two for bf16, four or eight for
+// SwiGLU's bf16 or fp32 gate and up) and one 16-byte store of e4m3 bytes per lane and destination
+// row. A row's group (its scales' place) is looked up once per warp, a scattered row's
+// destinations too (lane j holds destination j). Fewer rows than kTargetWarps (decode): each
+// row's iterations split over up to that many warps, so a few long rows still fill the GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -61,16 +61,41 @@ __device__ __forceinline__ void Widen8(uint4 v, float* x) {
   }
 }
 
-// kernels::SiluMulBf16's value: expf (not __expf), the product rounded to bf16.
+// kernels::SiluMulBf16's and SiluMulF32ToBf16's value: expf (not __expf), the product rounded to
+// bf16.
 __device__ __forceinline__ float SiluMulRounded(float g, float u) {
   return __bfloat162float(__float2bfloat16_rn(g / (1.0f + expf(-g)) * u));
 }
 
+// Where a row's values come from (the params' a_bf16, round_bf16 and silu_mul).
+enum class Source { kF32, kF32RoundBf16, kBf16, kSiluMulBf16, kSiluMulF32 };
+
+__device__ __forceinline__ void LoadF32x16(const float* r, float x[kValues]) {
+  const float4* r4 = reinterpret_cast<const float4*>(r);
+  float4 v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = r4[i];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[4 * i] = v[i].x;
+    x[4 * i + 1] = v[i].y;
+    x[4 * i + 2] = v[i].z;
+    x[4 * i + 3] = v[i].w;
+  }
+}
+
 // Values col .. col + 15 of source row `row` (col + 16 <= k).
-template <bool kBf16A, bool kSiluMul>
+template <Source kSource>
 __device__ __forceinline__ void Load16(const Fp8QuantizeParams& p, int64_t row, int64_t col,
                                        float x[kValues]) {
-  if constexpr (kSiluMul) {
+  if constexpr (kSource == Source::kSiluMulF32) {
+    const float* r = static_cast<const float*>(p.a) + row * p.lda;
+    float gf[kValues], uf[kValues];
+    LoadF32x16(r + col, gf);
+    LoadF32x16(r + p.k + col, uf);
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) x[i] = SiluMulRounded(gf[i], uf[i]);
+  } else if constexpr (kSource == Source::kSiluMulBf16) {
     const uint4* g =
         reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) + row * p.lda + col);
     const uint4* u =
@@ -83,24 +108,17 @@ __device__ __forceinline__ void Load16(const Fp8QuantizeParams& p, int64_t row, 
     Widen8(u1, uf + 8);
 #pragma unroll
     for (int i = 0; i < kValues; ++i) x[i] = SiluMulRounded(gf[i], uf[i]);
-  } else if constexpr (kBf16A) {
+  } else if constexpr (kSource == Source::kBf16) {
     const uint4* r =
         reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) + row * p.lda + col);
     const uint4 v0 = r[0], v1 = r[1];
     Widen8(v0, x);
     Widen8(v1, x + 8);
   } else {
-    const float4* r =
-        reinterpret_cast<const float4*>(static_cast<const float*>(p.a) + row * p.lda + col);
-    float4 v[4];
+    LoadF32x16(static_cast<const float*>(p.a) + row * p.lda + col, x);
+    if constexpr (kSource == Source::kF32RoundBf16) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = r[i];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      x[4 * i] = v[i].x;
-      x[4 * i + 1] = v[i].y;
-      x[4 * i + 2] = v[i].z;
-      x[4 * i + 3] = v[i].w;
+      for (int i = 0; i < kValues; ++i) x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
     }
   }
 }
@@ -134,7 +152,7 @@ __device__ __forceinline__ float QuantizeBlock(const float x[kValues], bool real
 
 // One warp per (row of q, part): iterations part, part + splits, ... of the row quantised in
 // place, scales at the row's place.
-template <bool kBf16A, bool kSiluMul>
+template <Source kSource>
 __global__ void __launch_bounds__(kThreads)
     QuantizeKernel(Fp8QuantizeParams p, int64_t blocks_per_row, int64_t splits) {
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
@@ -148,7 +166,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t c0 = part * kChunk; c0 < p.k; c0 += splits * kChunk) {
     const int64_t col = c0 + kValues * lane;
     float x[kValues] = {};
-    if (real && col < p.k) Load16<kBf16A, kSiluMul>(p, row, col, x);
+    if (real && col < p.k) Load16<kSource>(p, row, col, x);
     uint4 packed;
     const float s = QuantizeBlock(x, real, &packed);
     if (col < p.k) {
@@ -160,7 +178,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // One warp per (source row, part): each of the part's blocks quantised once, written to each of
 // the row's destination rows (lane j < dests_per_row holds destination j's row and scale place).
-template <bool kBf16A, bool kSiluMul>
+template <Source kSource>
 __global__ void __launch_bounds__(kThreads)
     QuantizeScatterKernel(Fp8QuantizeParams p, int64_t blocks_per_row, int64_t splits) {
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
@@ -176,7 +194,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t c0 = part * kChunk; c0 < p.k; c0 += splits * kChunk) {
     const int64_t col = c0 + kValues * lane;
     float x[kValues] = {};
-    if (col < p.k) Load16<kBf16A, kSiluMul>(p, row, col, x);
+    if (col < p.k) Load16<kSource>(p, row, col, x);
     uint4 packed;
     const float s = QuantizeBlock(x, true, &packed);
     const int64_t kb = col / kBlock;
@@ -191,14 +209,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <bool kBf16A, bool kSiluMul>
+template <Source kSource>
 void Launch(const Fp8QuantizeParams& q, int64_t blocks_per_row, int64_t splits, unsigned grid,
             cudaStream_t stream) {
   if (q.dest_rows != nullptr) {
-    QuantizeScatterKernel<kBf16A, kSiluMul>
-        <<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
+    QuantizeScatterKernel<kSource><<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
   } else {
-    QuantizeKernel<kBf16A, kSiluMul><<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
+    QuantizeKernel<kSource><<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
   }
 }
 
@@ -224,7 +241,8 @@ cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream) {
   if (p.m < 0 || p.k < 1 || p.k % 16 != 0 || p.m_pad < p.m || p.lda < a_width ||
       (p.lda * a_elem) % 16 != 0 || p.ldq < p.k || p.ldq % 16 != 0 || p.q == nullptr ||
       p.scales == nullptr || !Aligned16(p.q) || (p.m > 0 && (p.a == nullptr || !Aligned16(p.a))) ||
-      (p.group_offsets != nullptr && p.num_groups < 1) || (p.silu_mul && !p.a_bf16) ||
+      (p.group_offsets != nullptr && p.num_groups < 1) ||
+      (p.round_bf16 && (p.a_bf16 || p.silu_mul)) ||
       (p.dest_rows != nullptr &&
        (p.group_offsets == nullptr || p.dests_per_row < 1 || p.dests_per_row > kMaxDests))) {
     return cudaErrorInvalidValue;
@@ -241,12 +259,16 @@ cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream) {
   const int64_t grid = (launch_rows * splits + kRowsPerBlock - 1) / kRowsPerBlock;
   if (grid > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const unsigned g = static_cast<unsigned>(grid);
-  if (q.silu_mul) {
-    Launch<true, true>(q, blocks_per_row, splits, g, stream);
+  if (q.silu_mul && q.a_bf16) {
+    Launch<Source::kSiluMulBf16>(q, blocks_per_row, splits, g, stream);
+  } else if (q.silu_mul) {
+    Launch<Source::kSiluMulF32>(q, blocks_per_row, splits, g, stream);
   } else if (q.a_bf16) {
-    Launch<true, false>(q, blocks_per_row, splits, g, stream);
+    Launch<Source::kBf16>(q, blocks_per_row, splits, g, stream);
+  } else if (q.round_bf16) {
+    Launch<Source::kF32RoundBf16>(q, blocks_per_row, splits, g, stream);
   } else {
-    Launch<false, false>(q, blocks_per_row, splits, g, stream);
+    Launch<Source::kF32>(q, blocks_per_row, splits, g, stream);
   }
   return cudaGetLastError();
 }

@@ -31,6 +31,9 @@ struct Fp8QuantizeParams {
   int64_t m = 0, k = 0;
   const void* a = nullptr;
   bool a_bf16 = false;
+  // fp32 rows (a_bf16 false) rounded to bf16 (nearest even) before they are quantised: the
+  // values a bf16 copy of the rows (kernels/moe/moe_permute.h's bf16 gather) would hold.
+  bool round_bf16 = false;
   int64_t lda = 0;
   uint8_t* q = nullptr;
   int64_t ldq = 0;
@@ -38,9 +41,10 @@ struct Fp8QuantizeParams {
   int64_t m_pad = 0;  // >= m
   const int32_t* group_offsets = nullptr;
   int32_t num_groups = 0;
-  // SwiGLU's product quantised (the down GEMM's operand): a holds bf16 rows [gate | up], width
-  // 2 * k (lda >= 2 * k, a_bf16 required), and the row quantised is x[i, p] = bf16(silu(g) * u),
-  // g = a[i, p], u = a[i, k + p], rounded exactly as kernels::SiluMulBf16 rounds it.
+  // SwiGLU's product quantised (the down GEMM's operand): a holds rows [gate | up], width 2 * k
+  // (lda >= 2 * k), bf16 with a_bf16 or fp32 without, and the row quantised is x[i, p] =
+  // bf16(silu(g) * u), g = a[i, p], u = a[i, k + p], rounded exactly as kernels::SiluMulBf16
+  // (bf16 rows) and kernels::SiluMulF32ToBf16 (fp32 rows) round it. round_bf16 not allowed.
   bool silu_mul = false;
   // Rows scattered (the routed experts' permutation, kernels/moe/moe_permute.h's choice_row):
   // source row i < m of a is quantised once and written to rows dest_rows[i * dests_per_row + j]

@@ -205,14 +205,21 @@ TEST_P(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
     dest[c] = next[group_of[c]]++;
     source_of[dest[c]] = c / dests;
   }
-  for (bool a_bf16 : {false, true}) {
-    SCOPED_TRACE(a_bf16 ? "bf16 rows" : "fp32 rows");
+  // fp32 rows, bf16 rows, fp32 rows rounded to bf16 by the kernel (round_bf16).
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool a_bf16 = mode == 1, round_bf16 = mode == 2;
+    SCOPED_TRACE(a_bf16 ? "bf16 rows" : round_bf16 ? "fp32 rows rounded to bf16" : "fp32 rows");
     std::vector<float> a = testing::RandomFloats(m * k, seed, 3.0f);
     for (int64_t p = 0; p < k; ++p) a[1 * k + p] *= std::ldexp(1.0f, (p / 128) % 4 * 9 - 9);
     if (a_bf16) {
       for (float& x : a) x = RoundToBf16(x);
     }
     DeviceArray<float> da(a);
+    // The values the kernel quantises (the host's bf16 rounding: nearest even).
+    std::vector<float> want_a = a;
+    if (round_bf16) {
+      for (float& x : want_a) x = RoundToBf16(x);
+    }
     DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
     DeviceArray<int32_t> doff(offsets), ddest(dest);
     DeviceArray<uint8_t> dq(rows * k);
@@ -223,6 +230,7 @@ TEST_P(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
     p.m = m;
     p.k = k;
     p.a_bf16 = a_bf16;
+    p.round_bf16 = round_bf16;
     p.a = a_bf16 ? static_cast<const void*>(da16.get()) : da.get();
     p.lda = k;
     p.q = dq.get();
@@ -252,7 +260,7 @@ TEST_P(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
           }
           const int64_t n = std::min<int64_t>(128, k - b * 128);
           uint8_t want[128];
-          const float want_s = HostBlock(&a[source_of[r] * k + b * 128], n, want);
+          const float want_s = HostBlock(&want_a[source_of[r] * k + b * 128], n, want);
           ASSERT_EQ(got_s, want_s) << "row " << r << " block " << b;
           for (int64_t c = 0; c < n; ++c) {
             ASSERT_EQ(q[r * k + b * 128 + c], want[c]) << "row " << r << " column " << b * 128 + c;
@@ -267,19 +275,26 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8QuantizeRowsScatterTest,
                          ::testing::Values(ScatterCase{384, 3, 9}, ScatterCase{2064, 8, 9},
                                            ScatterCase{1040, 32, 9}, ScatterCase{1040, 2, 8200}));
 
-// SwiGLU's product quantised: the rows are bf16 [gate | up], the value quantised bf16(silu(g) *
-// u) as SiluMulBf16 rounds it (expf on the host and the device may differ by an ulp: a block
-// holding a product that close to a bf16 rounding boundary is checked only loosely).
-TEST(Fp8QuantizeRowsSiluMulTest, QuantisesTheRoundedProduct) {
+// SwiGLU's product quantised: the rows are [gate | up] (bf16, or fp32 as the swap kernel's
+// gate_up), the value quantised bf16(silu(g) * u) as SiluMulBf16 and SiluMulF32ToBf16 round it
+// (expf on the host and the device may differ by an ulp: a block holding a product that close
+// to a bf16 rounding boundary is checked only loosely).
+class Fp8QuantizeRowsSiluMulTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Fp8QuantizeRowsSiluMulTest, QuantisesTheRoundedProduct) {
   DEEPINFER_SKIP_WITHOUT_GPU();
+  const bool a_bf16 = GetParam();
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << (a_bf16 ? " bf16" : " fp32"));
   const int64_t m = 12, k = 1408, lda = 2 * k, blocks = Fp8ScaleCols(k);
   const std::vector<int32_t> offsets = {0, 4, 4, 12};
   const int32_t groups = 3;
   std::vector<float> a = testing::RandomFloats(m * lda, seed, 4.0f);
-  for (float& x : a) x = RoundToBf16(x);
-  DeviceArray<uint16_t> da(FloatsToBf16Bits(a));
+  if (a_bf16) {
+    for (float& x : a) x = RoundToBf16(x);
+  }
+  DeviceArray<uint16_t> da16(FloatsToBf16Bits(a));
+  DeviceArray<float> da32(a);
   DeviceArray<int32_t> doff(offsets);
   DeviceArray<uint8_t> dq(m * k);
   DeviceArray<float> ds(m * blocks);
@@ -288,8 +303,8 @@ TEST(Fp8QuantizeRowsSiluMulTest, QuantisesTheRoundedProduct) {
   Fp8QuantizeParams p;
   p.m = m;
   p.k = k;
-  p.a = da.get();
-  p.a_bf16 = true;
+  p.a = a_bf16 ? static_cast<const void*>(da16.get()) : da32.get();
+  p.a_bf16 = a_bf16;
   p.silu_mul = true;
   p.lda = lda;
   p.q = dq.get();
@@ -339,17 +354,21 @@ TEST(Fp8QuantizeRowsSiluMulTest, QuantisesTheRoundedProduct) {
   EXPECT_LE(loose * 4, total) << "too few blocks checked exactly";
 }
 
+INSTANTIATE_TEST_SUITE_P(Inputs, Fp8QuantizeRowsSiluMulTest, ::testing::Bool());
+
 TEST(Fp8QuantizeRowsArgsTest, RejectsBadLayouts) {
   Fp8QuantizeParams p;  // all zero
   EXPECT_EQ(Fp8QuantizeRows(p, nullptr), cudaErrorInvalidValue);
   uint8_t* const q = reinterpret_cast<uint8_t*>(uintptr_t{256});
   float* const scales = reinterpret_cast<float*>(uintptr_t{512});
   p.k = 128, p.lda = 256, p.ldq = 128, p.q = q, p.scales = scales;
-  p.silu_mul = true;  // needs bf16 rows
+  p.silu_mul = true, p.round_bf16 = true;  // the product is rounded already
   EXPECT_EQ(Fp8QuantizeRows(p, nullptr), cudaErrorInvalidValue);
-  p.a_bf16 = true, p.lda = 128;  // [gate | up] needs lda >= 2 k
+  p.round_bf16 = false, p.a_bf16 = true, p.lda = 128;  // [gate | up] needs lda >= 2 k
   EXPECT_EQ(Fp8QuantizeRows(p, nullptr), cudaErrorInvalidValue);
-  p.silu_mul = false;
+  p.silu_mul = false, p.lda = 256, p.round_bf16 = true;  // bf16 rows are not rounded again
+  EXPECT_EQ(Fp8QuantizeRows(p, nullptr), cudaErrorInvalidValue);
+  p.round_bf16 = false;
   p.dest_rows = reinterpret_cast<const int32_t*>(uintptr_t{1024});
   p.dests_per_row = 2;  // scattered rows need group offsets
   EXPECT_EQ(Fp8QuantizeRows(p, nullptr), cudaErrorInvalidValue);

@@ -1,7 +1,9 @@
 // RMSNorm: the sum of squares is reduced in fp32 through warp shuffles, in one order for every
 // kernel here (BlockInvRms's: 256 threads' strided partial sums), so all agree bit for bit.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
+#include <cfloat>
 #include <cstdint>
 
 #include "kernels/common/launch.cuh"
@@ -129,6 +131,33 @@ __device__ __forceinline__ void AddRmsNormInRegisters(int64_t dim, float* xr, co
   }
 }
 
+// The quantisation of AddRmsNormFp8: in AddRmsNormVectorised's layout, chunk c (4 values) of the
+// row is held by thread c % kThreads, so the 32 chunks of 128-wide block b (chunks 32 b .. 32 b +
+// 31) are the 32 lanes of warp b % 8 at the same q = b / 8: a block's amax is one warp butterfly.
+// The arithmetic is kernels::Fp8QuantizeRows': s = max(amax / 448, FLT_MIN) (IEEE division),
+// each value divided by s (IEEE) and converted to e4m3 (nearest even, saturating); fmaxf is exact,
+// so the amax is the same in any order. Every lane of the warp calls it (present: c < chunks).
+__device__ __forceinline__ void QuantizeChunk(float4 o, bool present, int c, int64_t row,
+                                              const RmsNormFp8Out& fp8) {
+  if (fp8.from_bf16) {
+    o.x = __bfloat162float(__float2bfloat16_rn(o.x));
+    o.y = __bfloat162float(__float2bfloat16_rn(o.y));
+    o.z = __bfloat162float(__float2bfloat16_rn(o.z));
+    o.w = __bfloat162float(__float2bfloat16_rn(o.w));
+  }
+  float amax = present ? fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w))) : 0.0f;
+  for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  if (!present) return;
+  const float s = fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN);
+  const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(
+      make_float2(__fdiv_rn(o.x, s), __fdiv_rn(o.y, s)), __NV_SATFINITE, __NV_E4M3);
+  const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
+      make_float2(__fdiv_rn(o.z, s), __fdiv_rn(o.w, s)), __NV_SATFINITE, __NV_E4M3);
+  reinterpret_cast<uint32_t*>(fp8.q + row * fp8.ldq)[c] =
+      static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  if (c % 32 == 0) fp8.scales[(c / 32) * fp8.m_pad + row] = s;
+}
+
 // AddRmsNormInRegisters with 16-byte accesses, for 16-byte aligned rows with dim % 4 == 0 and
 // dim <= kThreads * 4 * kVec (kVec = 2, 4, 7: the same row sizes): thread t loads, adds, stores
 // and normalises the float4 chunks t, t + kThreads, ... (a quarter of the load and store
@@ -137,10 +166,11 @@ __device__ __forceinline__ void AddRmsNormInRegisters(int64_t dim, float* xr, co
 // values go through shared memory, each thread sums its scalar elements from there in the same
 // order, and BlockInvRms reduces the partial sums as before. Every other value is elementwise,
 // the same expression per element, so every output is bit for bit the scalar kernel's.
-template <int kVec>
+template <int kVec, bool kFp8 = false>
 __device__ __forceinline__ void AddRmsNormVectorised(int64_t dim, float* xr, const float* yr,
                                                      const float* weight, float eps, float* orow,
-                                                     uint16_t* orow_bf16) {
+                                                     uint16_t* orow_bf16, int64_t row = 0,
+                                                     const RmsNormFp8Out& fp8 = {}) {
   __shared__ float4 staged[kThreads * kVec];
   const int chunks = static_cast<int>(dim / 4);
   float4 v[kVec], w[kVec];
@@ -177,12 +207,16 @@ __device__ __forceinline__ void AddRmsNormVectorised(int64_t dim, float* xr, con
 #pragma unroll
   for (int q = 0; q < kVec; ++q) {
     const int c = static_cast<int>(threadIdx.x) + q * kThreads;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (c < chunks) {
-      float4 o;
       o.x = w[q].x * (v[q].x * inv);
       o.y = w[q].y * (v[q].y * inv);
       o.z = w[q].z * (v[q].z * inv);
       o.w = w[q].w * (v[q].w * inv);
+    }
+    // Every lane, for the warp's butterfly (a chunk past the row: no values, nothing written).
+    if constexpr (kFp8) QuantizeChunk(o, c < chunks, c, row, fp8);
+    if (c < chunks) {
       if (orow != nullptr) reinterpret_cast<float4*>(orow)[c] = o;
       if (orow_bf16 != nullptr) {
         uint2 packed;
@@ -194,6 +228,26 @@ __device__ __forceinline__ void AddRmsNormVectorised(int64_t dim, float* xr, con
       }
     }
   }
+}
+
+// AddRmsNormVectorised with the quantisation (kVec as there): rows from `rows` on (the GEMM's
+// padding) write zeros and scale 1 only.
+template <int kVec>
+__device__ void AddRmsNormFp8Body(int64_t rows, int64_t dim, float* x, const float* y,
+                                  const float* weight, float eps, float* out, uint16_t* out_bf16,
+                                  RmsNormFp8Out fp8) {
+  const int64_t row = blockIdx.x;
+  const int chunks = static_cast<int>(dim / 4);
+  if (row >= rows) {  // the whole block
+    for (int c = static_cast<int>(threadIdx.x); c < chunks; c += kThreads) {
+      reinterpret_cast<uint32_t*>(fp8.q + row * fp8.ldq)[c] = 0;
+      if (c % 32 == 0) fp8.scales[(c / 32) * fp8.m_pad + row] = 1.0f;
+    }
+    return;
+  }
+  AddRmsNormVectorised<kVec, true>(dim, x + row * dim, y != nullptr ? y + row * dim : nullptr,
+                                   weight, eps, out != nullptr ? out + row * dim : nullptr,
+                                   out_bf16 != nullptr ? out_bf16 + row * dim : nullptr, row, fp8);
 }
 
 // The vectorised body (AddRmsNormVectorised), one kernel per row size so that each has only
@@ -269,6 +323,36 @@ cudaError_t AddRmsNormF32(int64_t rows, int64_t dim, float* x, const float* y, c
   }
   return LaunchAfterPrecedingGrids<AddRmsNormBody, kThreads>(static_cast<unsigned>(rows), 0, stream,
                                                              dim, x, y, weight, eps, out, out_bf16);
+}
+
+bool AddRmsNormFp8Supports(int64_t rows, int64_t dim, const float* x, const float* y,
+                           const float* weight, const float* out, const uint16_t* out_bf16,
+                           const RmsNormFp8Out& fp8) {
+  return rows >= 0 && fp8.m_pad >= rows && fp8.m_pad <= 0x7fffffff && dim > 0 && dim % 16 == 0 &&
+         dim <= kThreads * 28 && x != nullptr && weight != nullptr && Aligned(x, 16) &&
+         Aligned(y, 16) && Aligned(weight, 16) && Aligned(out, 16) && Aligned(out_bf16, 8) &&
+         fp8.q != nullptr && Aligned(fp8.q, 16) && fp8.ldq >= dim && fp8.ldq % 16 == 0 &&
+         fp8.scales != nullptr;
+}
+
+cudaError_t AddRmsNormFp8(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
+                          float eps, float* out, uint16_t* out_bf16, const RmsNormFp8Out& fp8,
+                          cudaStream_t stream) {
+  if (!AddRmsNormFp8Supports(rows, dim, x, y, weight, out, out_bf16, fp8)) {
+    return cudaErrorInvalidValue;
+  }
+  if (fp8.m_pad == 0) return cudaSuccess;
+  const unsigned grid = static_cast<unsigned>(fp8.m_pad);
+  if (dim <= kThreads * 8) {
+    return LaunchAfterPrecedingGrids<AddRmsNormFp8Body<2>, kThreads>(
+        grid, 0, stream, rows, dim, x, y, weight, eps, out, out_bf16, fp8);
+  }
+  if (dim <= kThreads * 16) {
+    return LaunchAfterPrecedingGrids<AddRmsNormFp8Body<4>, kThreads>(
+        grid, 0, stream, rows, dim, x, y, weight, eps, out, out_bf16, fp8);
+  }
+  return LaunchAfterPrecedingGrids<AddRmsNormFp8Body<7>, kThreads>(grid, 0, stream, rows, dim, x, y,
+                                                                   weight, eps, out, out_bf16, fp8);
 }
 
 cudaError_t RmsNormF32(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,

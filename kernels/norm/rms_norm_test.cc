@@ -1,6 +1,8 @@
 // RmsNormF32 against CpuBackend::RmsNorm: strided rows, several widths, in place and not.
 #include "kernels/norm/rms_norm.h"
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/model/dtype_conversion.h"
 
 namespace deepinfer {
 namespace {
@@ -235,4 +238,106 @@ TEST(RmsNormKernelTest, EveryRowWidthIsBitForBitTheAddRmsNormReduction) {
 }
 
 }  // namespace
+// AddRmsNormFp8: x, out and out_bf16 bit for bit AddRmsNormF32's (and out close to the CPU
+// backend's), and q / scales what the block scheme of kernels::Fp8QuantizeRows gives on the host
+// for the normed rows (out_bf16's values with from_bf16, out's without): s = max(amax / 448,
+// FLT_MIN), q = e4m3(v / s) by the loader's encoder, padding rows zeros with scale 1. Widths of
+// one partial block (48), a partial last block (1040), each vectorised row size (2048, 4096,
+// 7168); rows padded to 4 or not.
+TEST(RmsNormKernelTest, AddRmsNormFp8QuantisesTheNormedRows) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  for (int64_t dim : {48, 1040, 2048, 4096, 7168}) {
+    for (int64_t rows : {1, 6, 128}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        const bool from_bf16 = variant != 1, with_y = variant != 2;
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "dim " << dim << " rows " << rows << " from_bf16 "
+                                          << from_bf16 << " y " << with_y << " seed " << seed);
+        const int64_t n = rows * dim, m_pad = (rows + 3) / 4 * 4, ldq = dim + 16;
+        const int64_t blocks = (dim + 127) / 128;
+        auto x = testing::RandomFloats(n, seed, 3.0f);
+        auto y = testing::RandomFloats(n, seed + 1, 2.0f);
+        auto w = testing::RandomFloats(dim, seed + 2);
+        // A row with a wide range of block magnitudes (e4m3 subnormals in the small blocks).
+        for (int64_t i = 0; i < dim && rows > 1; ++i)
+          w[i] *= std::ldexp(1.0f, (i / 128) % 5 * 4 - 8);
+        const float eps = 1e-6f;
+        std::vector<float> cpu_x = x, cpu_out(n);
+        cpu.AddRmsNorm(rows, dim, cpu_x.data(), with_y ? y.data() : nullptr, w.data(), eps,
+                       cpu_out.data(), nullptr);
+
+        DeviceArray<float> dx(x), dy(y), dw(w), dout(n), ux(x), uout(n), ds(blocks * m_pad);
+        DeviceArray<uint16_t> dbf16(n), ubf16(n);
+        DeviceArray<uint8_t> dq(m_pad * ldq);
+        dq.Poison();
+        ds.Poison();
+        kernels::RmsNormFp8Out fp8;
+        fp8.q = dq.get(), fp8.ldq = ldq, fp8.scales = ds.get(), fp8.m_pad = m_pad;
+        fp8.from_bf16 = from_bf16;
+        ASSERT_TRUE(kernels::AddRmsNormFp8Supports(rows, dim, dx.get(), dy.get(), dw.get(),
+                                                   dout.get(), dbf16.get(), fp8));
+        DEEPINFER_CUDA_OK(kernels::AddRmsNormFp8(rows, dim, dx.get(), with_y ? dy.get() : nullptr,
+                                                 dw.get(), eps, dout.get(), dbf16.get(), fp8,
+                                                 nullptr));
+        DEEPINFER_CUDA_OK(kernels::AddRmsNormF32(rows, dim, ux.get(), with_y ? dy.get() : nullptr,
+                                                 dw.get(), eps, uout.get(), ubf16.get(), nullptr));
+        std::vector<float> got_x, got_out, want_x, want_out, s;
+        std::vector<uint16_t> got_bf16, want_bf16;
+        std::vector<uint8_t> q;
+        DEEPINFER_CUDA_OK(dx.Download(&got_x));
+        DEEPINFER_CUDA_OK(dout.Download(&got_out));
+        DEEPINFER_CUDA_OK(dbf16.Download(&got_bf16));
+        DEEPINFER_CUDA_OK(ux.Download(&want_x));
+        DEEPINFER_CUDA_OK(uout.Download(&want_out));
+        DEEPINFER_CUDA_OK(ubf16.Download(&want_bf16));
+        DEEPINFER_CUDA_OK(dq.Download(&q));
+        DEEPINFER_CUDA_OK(ds.Download(&s));
+        EXPECT_TRUE(AllClose(got_x, cpu_x, 0, 0));
+        EXPECT_TRUE(AllClose(got_out, cpu_out, 1e-5, 1e-5));
+        EXPECT_TRUE(AllClose(got_out, want_out, 0, 0));
+        EXPECT_EQ(got_bf16, want_bf16);
+        for (int64_t r = 0; r < m_pad; ++r) {
+          for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t p0 = b * 128, p1 = std::min(dim, p0 + 128);
+            float v[128] = {}, amax = 0.0f, want_s = 1.0f;
+            if (r < rows) {
+              for (int64_t c = p0; c < p1; ++c) {
+                v[c - p0] =
+                    from_bf16 ? Bf16BitsToFloat(got_bf16[r * dim + c]) : got_out[r * dim + c];
+                amax = std::max(amax, std::fabs(v[c - p0]));
+              }
+              want_s = std::max(amax / 448.0f, FLT_MIN);
+            }
+            ASSERT_EQ(s[b * m_pad + r], want_s) << "scale of row " << r << " block " << b;
+            for (int64_t c = p0; c < p1; ++c) {
+              const uint8_t want = r < rows ? FloatToF8E4M3(v[c - p0] / want_s) : uint8_t{0};
+              ASSERT_EQ(q[r * ldq + c], want) << "row " << r << " column " << c;
+            }
+          }
+          for (int64_t c = dim; c < ldq; ++c) {
+            ASSERT_EQ(q[r * ldq + c], 0xFF) << "column " << c << " of row " << r << " written";
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(RmsNormKernelTest, AddRmsNormFp8RefusesRowsItDoesNotTake) {
+  float* const p = reinterpret_cast<float*>(uintptr_t{256});
+  kernels::RmsNormFp8Out fp8;
+  fp8.q = reinterpret_cast<uint8_t*>(uintptr_t{512});
+  fp8.ldq = 7168, fp8.scales = p, fp8.m_pad = 4;
+  EXPECT_TRUE(kernels::AddRmsNormFp8Supports(4, 7168, p, nullptr, p, nullptr, nullptr, fp8));
+  EXPECT_FALSE(kernels::AddRmsNormFp8Supports(4, 7184, p, nullptr, p, nullptr, nullptr, fp8));
+  EXPECT_FALSE(kernels::AddRmsNormFp8Supports(4, 1000, p, nullptr, p, nullptr, nullptr, fp8));
+  EXPECT_FALSE(kernels::AddRmsNormFp8Supports(5, 7168, p, nullptr, p, nullptr, nullptr, fp8));
+  EXPECT_FALSE(kernels::AddRmsNormFp8Supports(4, 7168, p + 1, nullptr, p, nullptr, nullptr, fp8));
+  fp8.ldq = 7160;
+  EXPECT_FALSE(kernels::AddRmsNormFp8Supports(4, 7168, p, nullptr, p, nullptr, nullptr, fp8));
+  EXPECT_EQ(kernels::AddRmsNormFp8(4, 7168, p, nullptr, p, 1e-6f, nullptr, nullptr, fp8, nullptr),
+            cudaErrorInvalidValue);
+}
+
 }  // namespace deepinfer

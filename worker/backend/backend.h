@@ -555,6 +555,18 @@ class Backend {
                                  uint16_t* out) {
     return false;
   }
+  // A SwiGLU MLP with bf16 operands as one op: out = down(act), or out += it with accumulate
+  // (Gemm's accumulate), act [rows, inter] = GateUpSiluMulBf16 of h (ops/mlp_ops.h's: this
+  // backend's GateUpSiluMulBf16 where it takes the rows, else Gemm then SiluMulBf16), down's
+  // operand ActivationView::Bf16(act). h [rows, hidden] (row stride hidden), gate_up
+  // [2 * inter, hidden] (ldw hidden), down [hidden, inter] (ldw inter), out [rows, hidden] (row
+  // stride hidden). The same values as those ops one by one. Returns false, having done
+  // nothing, where the backend has no such path (the default); SwiGlu (ops/mlp_ops.h) then runs
+  // the ops.
+  virtual bool SwiGluMlpBf16(int64_t rows, int64_t hidden, int64_t inter, ActivationView h,
+                             WeightView gate_up, WeightView down, float* out, bool accumulate) {
+    return false;
+  }
   // Gemm (no accumulate) whose [m, n] result is rounded to bf16 (nearest even; bits) into c (row
   // stride ldc), as a bf16 nn.Linear rounds its output: half the bytes of an fp32 c for the op
   // that reads it. Returns false, having done nothing, where the backend has no such path for

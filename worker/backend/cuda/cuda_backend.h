@@ -99,8 +99,9 @@ struct CudaTuning {
   // transformers' FP8 scheme. Tests that compare with bf16 references set it past their sizes.
   int64_t fp8_w8a8_min_rows = CudaTuningDefaults::kFp8W8A8MinRows;
   // FP8 routed experts on the device path (where kernels::Fp8MmaGroupedGemm runs them) from this
-  // many tokens: the permuted rows and the SiLU-mul output quantised to e4m3 per row and 128-wide
-  // block (kernels::Fp8QuantizeRows) and both expert GEMMs on kernels::Fp8WgmmaSwapGroupedGemm
+  // many tokens: the token rows and the SiLU-mul output quantised to e4m3 per row and 128-wide
+  // block (kernels::Fp8QuantizeRows: the rows into their experts' places, the SiLU-mul in its
+  // own pass) and both expert GEMMs on kernels::Fp8WgmmaSwapGroupedGemm
   // (W8A8 on Hopper wgmma, weights on the M side; compute capability 9.0), never in the
   // batch-invariant mode. The weights' TMA descriptors are built at an expert table's first call
   // outside a CUDA graph capture (a captured call before that keeps Fp8MmaGroupedGemm). 3: the
@@ -119,8 +120,9 @@ struct CudaTuning {
   //    kernels::Fp8MmaGemm
   //    with a fixed k split (kBatchInvariantFp8KSplit; its tile by rows as below, every tile
   //    giving the same bits at a fixed split), else the weight dequantised to bf16;
-  //  * AddRmsNormGemms, GateUpSiluMulBf16, NormedDenseMlp, RoutedAndSharedExperts,
-  //    NormRopeCacheAbsorbQuery, MhaPrefillAttention: the Backend's separate ops;
+  //  * AddRmsNormGemms, GateUpSiluMulBf16, SwiGluMlpBf16, NormedDenseMlp,
+  //    RoutedAndSharedExperts, NormRopeCacheAbsorbQuery, MhaPrefillAttention: the Backend's
+  //    separate ops;
   //  * RouteTokens: AddRmsNorm + kernels::RouteTokensF32 at every token count, in calls of at
   //    most kernels::kMaxFusedRouterTokens tokens (each logit summed in one order for every
   //    tile and token count; the counts in the call, or after the calls in one
@@ -349,6 +351,12 @@ class CudaBackend : public Backend {
   // From kBf16GateUpMinRows rows with bf16 weights, outside batch-invariant mode: one cuBLAS GEMM
   // with a bf16 output (fp32 accumulation, rounded once by its epilogue; an fp32 a rounded to
   // bf16 first, as Gemm rounds it).
+  // FP8 gate_up and down at W8A8 rows (cuda_backend_w8a8.cc): gate_up on GemmFp8W8A8 (fp32, or
+  // bf16 from kBf16GateUpMinRows rows as GateUpSiluMulFp8), the SiLU-mul rounded to bf16 and
+  // quantised in one pass (kernels::Fp8QuantizeRows' silu_mul mode: the operand down's
+  // GemmFp8W8A8 would quantise), down on it.
+  bool SwiGluMlpBf16(int64_t rows, int64_t hidden, int64_t inter, ActivationView h,
+                     WeightView gate_up, WeightView down, float* out, bool accumulate) override;
   bool GemmToBf16(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda, WeightView w,
                   int64_t ldw, uint16_t* c, int64_t ldc) override;
   // The same conditions (m rows a product): cublasGemmStridedBatchedEx with a bf16 output.
@@ -490,6 +498,31 @@ class CudaBackend : public Backend {
   bool GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
                    const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
                    bool accumulate, const char* phase_name);
+  // GemmFp8W8A8's cuBLASLt GEMM for an operand quantised elsewhere (kernels::Fp8QuantizeRows'
+  // plain layout at RoundUp4(m) rows, ldq k): the GEMM and where its result goes.
+  struct W8A8Gemm {
+    Fp8LtGemm g;  // q, q_scales set by RunW8A8Gemm; d null: the scratch RunW8A8Gemm takes
+    int64_t m = 0;
+    void* c = nullptr;
+    int64_t ldc = 0;
+    bool direct = false, accumulate = false;
+  };
+  // GemmFp8W8A8's checks on the weight and output and cuBLASLt's heuristic, into *out: false
+  // (nothing launched) where that path does not take them. Errors: cuBLASLt's.
+  absl::StatusOr<bool> PrepareW8A8Gemm(int64_t m, int64_t n, int64_t k, const WeightView& w,
+                                       int64_t ldw, void* c, int64_t ldc, bool c_bf16,
+                                       bool accumulate, W8A8Gemm* out);
+  // A prepared GEMM on q ([RoundUp4(m), k] e4m3) and q_scales; a ragged fp32 result through
+  // scratch then kernels::AddRowsF32.
+  void RunW8A8Gemm(const W8A8Gemm& g, const uint8_t* q, const float* q_scales);
+  // AddRmsNormGemms with FP8 weights from CudaTuning::fp8_w8a8_min_rows rows (each target a
+  // GemmFp8W8A8), the normed rows quantised once for every target, by the norm's pass where
+  // kernels::AddRmsNormFp8 takes them (then normed / normed_bf16 are left unwritten): the values
+  // of AddRmsNorm then one GemmFp8W8A8 per target (cuda_backend_w8a8.cc). false (nothing
+  // launched) where a target would not take that path.
+  bool AddRmsNormGemmsW8A8(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
+                           float eps, float* normed, uint16_t* normed_bf16,
+                           const std::vector<NormedGemm>& gemms);
   // GateUpSiluMulBf16 with FP8 weights (rows >= kBf16GateUpMinRows).
   bool GateUpSiluMulFp8(int64_t rows, int64_t inter, int64_t k, ActivationView a, int64_t lda,
                         WeightView w, int64_t ldw, uint16_t* out);
@@ -536,12 +569,14 @@ class CudaBackend : public Backend {
   // bf16 and quantised in one pass, down written in bf16, the combine reading bf16. false
   // (nothing launched): cuBLASLt or the layout does not take every busy expert's two GEMMs.
   bool RoutedExpertsFp8W8A8(const RoutedExpertsArgs& a, const MoePermutation& perm);
-  // ExpertGemmsFp8OnDevice's bf16 rows on kernels::Fp8WgmmaSwapGroupedGemm (W8A8, from
-  // CudaTuning::fp8_swap_min_tokens tokens): quantise, gate_up, SiLU-mul, quantise, down. false
+  // RoutedExpertsFp8's device path on kernels::Fp8WgmmaSwapGroupedGemm (W8A8, from
+  // CudaTuning::fp8_swap_min_tokens tokens; `rows` the permuted rows' bound at row_align 1), the
+  // values of a bf16 gather then ExpertGemmsFp8OnDevice's bf16 operands: the plan (no rows
+  // gathered), each token row rounded to bf16 and quantised once into its experts' rows, gate_up
+  // (fp32), SiLU-mul rounded to bf16 and quantised in one pass, down, the combine. false
   // (nothing launched) where it is not taken: the mode, the device, the sizes, or the weight
   // descriptors not built (a capture before the table's first eager call).
-  bool ExpertGemmsFp8Swap(const RoutedExpertsArgs& a, const int32_t* offsets, int64_t rows,
-                          const void* permuted, float* expert_out);
+  bool RoutedExpertsFp8Swap(const RoutedExpertsArgs& a, int64_t rows);
   // The swap kernel's weight descriptors of one expert table (device `table`, its host copy
   // host_table [num_experts], each matrix [n, k]): built (a host synchronisation) at the first
   // call with these pointers outside a capture, kept until the backend goes; null where not built.

@@ -48,59 +48,76 @@ std::unique_ptr<DeviceBuffer> CudaBackend::DequantizeToBf16(const WeightView& w,
   return w16;
 }
 
-bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
-                              const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
-                              bool accumulate, const char* phase_name) {
-  const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
-  const int64_t a_elem = a_bf16 ? 2 : 4;
-  if (lt_fp8_ == nullptr || m < 1 || k < 16 || k % 16 != 0 || (lda * a_elem) % 16 != 0 ||
-      !Aligned16(a.data) || w.fp8.scale_ld != kernels::Fp8ScaleLd(k)) {
+absl::StatusOr<bool> CudaBackend::PrepareW8A8Gemm(int64_t m, int64_t n, int64_t k,
+                                                  const WeightView& w, int64_t ldw, void* c,
+                                                  int64_t ldc, bool c_bf16, bool accumulate,
+                                                  W8A8Gemm* out) {
+  if (lt_fp8_ == nullptr || m < 1 || k < 16 || k % 16 != 0 ||
+      w.fp8.scale_ld != kernels::Fp8ScaleLd(k)) {
     return false;
   }
   // cuBLASLt takes whole groups of 4 rows: a ragged fp32 result goes through scratch.
-  const int64_t m4 = RoundUp4(m), blocks = kernels::Fp8ScaleCols(k);
+  const int64_t m4 = RoundUp4(m);
   const bool direct = c_bf16 || (m4 == m && Aligned16(c) && ldc % 4 == 0);
-  Fp8LtGemm g;
+  Fp8LtGemm& g = out->g;
+  g = Fp8LtGemm();
   g.m = m4, g.n = n, g.k = k, g.ldq = k;
   g.w = Fp8Weight(w, ldw);
   g.d_bf16 = c_bf16;
   g.d = c, g.ldd = ldc, g.accumulate = accumulate;
   if (direct && !(Aligned16(c) && ((c_bf16 ? 2 : 4) * ldc) % 16 == 0)) return false;
-  if (!direct) {  // the scratch, set below
+  if (!direct) {  // the scratch, taken by RunW8A8Gemm
     g.d = nullptr;
     g.ldd = RoundUp4(n);
     g.accumulate = false;
   }
+  out->m = m, out->c = c, out->ldc = ldc, out->direct = direct, out->accumulate = accumulate;
+  return lt_fp8_->Ready(g);
+}
+
+void CudaBackend::RunW8A8Gemm(const W8A8Gemm& w8a8, const uint8_t* q, const float* q_scales) {
+  Fp8LtGemm g = w8a8.g;
+  std::unique_ptr<DeviceBuffer> d;
+  if (!w8a8.direct) {
+    d = AllocateScratch(g.m * g.ldd * sizeof(float));
+    g.d = d->data();
+  }
+  g.q = q;
+  g.q_scales = q_scales;
+  auto ran = lt_fp8_->Run(g, stream_);
+  if (!Record(ran.status())) return;
+  if (!*ran) {
+    Record(absl::InternalError("CudaBackend::Gemm: cuBLASLt refused an FP8 GEMM it had accepted"));
+    return;
+  }
+  if (!w8a8.direct) {
+    Check(kernels::AddRowsF32(w8a8.m, g.n, d->as<float>(), g.ldd, static_cast<float*>(w8a8.c),
+                              w8a8.ldc, w8a8.accumulate, stream_),
+          "kernels::AddRowsF32");
+  }
+}
+
+bool CudaBackend::GemmFp8W8A8(int64_t m, int64_t n, int64_t k, ActivationView a, int64_t lda,
+                              const WeightView& w, int64_t ldw, void* c, int64_t ldc, bool c_bf16,
+                              bool accumulate, const char* phase_name) {
+  const bool a_bf16 = a.dtype == WeightDType::kBFloat16;
+  const int64_t a_elem = a_bf16 ? 2 : 4;
+  if ((lda * a_elem) % 16 != 0 || !Aligned16(a.data)) return false;
   // The shape is checked (and cuBLASLt's heuristic asked) before any scratch is taken.
-  auto ready = lt_fp8_->Ready(g);
+  W8A8Gemm g;
+  auto ready = PrepareW8A8Gemm(m, n, k, w, ldw, c, ldc, c_bf16, accumulate, &g);
   if (!Record(ready.status())) return true;
   if (!*ready) return false;
 
   PhaseTimer phase(this, phase_name, true);
+  const int64_t m4 = RoundUp4(m);
   auto q = AllocateScratch(m4 * k);
-  auto q_scales = AllocateScratch(blocks * m4 * sizeof(float));
-  std::unique_ptr<DeviceBuffer> d;
-  if (!direct) {
-    d = AllocateScratch(m4 * g.ldd * sizeof(float));
-    g.d = d->data();
-  }
-  g.q = q->as<uint8_t>();
-  g.q_scales = q_scales->as<float>();
+  auto q_scales = AllocateScratch(kernels::Fp8ScaleCols(k) * m4 * sizeof(float));
   kernels::Fp8QuantizeParams qp;
   qp.m = m, qp.k = k, qp.a = a.data, qp.a_bf16 = a_bf16, qp.lda = lda;
   qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = m4;
   Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows");
-  auto ran = lt_fp8_->Run(g, stream_);
-  if (!Record(ran.status())) return true;
-  if (!*ran) {
-    Record(absl::InternalError("CudaBackend::Gemm: cuBLASLt refused an FP8 GEMM it had accepted"));
-    return true;
-  }
-  if (!direct) {
-    Check(kernels::AddRowsF32(m, n, d->as<float>(), g.ldd, static_cast<float*>(c), ldc, accumulate,
-                              stream_),
-          "kernels::AddRowsF32");
-  }
+  RunW8A8Gemm(g, q->as<uint8_t>(), q_scales->as<float>());
   return true;
 }
 
@@ -228,7 +245,6 @@ void CudaBackend::ExpertGemmsFp8OnDevice(const RoutedExpertsArgs& a, const int32
                                          int64_t rows, bool mma, const void* permuted,
                                          float* expert_out) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
-  if (mma && ExpertGemmsFp8Swap(a, offsets, rows, permuted, expert_out)) return;
   auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
   if (mma) {
     kernels::Fp8MmaGroupedGemmParams g;
@@ -447,18 +463,16 @@ const void* CudaBackend::Fp8SwapWeightMaps(const void* const* table, const void*
   return maps.device;
 }
 
-bool CudaBackend::ExpertGemmsFp8Swap(const RoutedExpertsArgs& a, const int32_t* offsets,
-                                     int64_t rows, const void* permuted, float* expert_out) {
+bool CudaBackend::RoutedExpertsFp8Swap(const RoutedExpertsArgs& a, int64_t rows) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
   if (tuning_.batch_invariant || T < tuning_.fp8_swap_min_tokens || H % 128 != 0 || I % 128 != 0 ||
-      !kernels::Fp8WgmmaSwapDeviceSupports()) {
+      K > 32 || !Aligned16(a.hidden) || !kernels::Fp8WgmmaSwapDeviceSupports()) {
     return false;
   }
   kernels::Fp8WgmmaSwapGroupedGemmParams gu, dn;
   gu.num_groups = dn.num_groups = E;
   gu.max_rows = dn.max_rows = static_cast<int32_t>(rows);
-  gu.offsets = dn.offsets = offsets;
   // A token's top-k experts are distinct: T rows at most in one expert, T * K / E on average.
   gu.rows_per_group_hint = dn.rows_per_group_hint =
       static_cast<int32_t>(std::min<int64_t>(T, std::max<int64_t>(1, (T * K + E - 1) / E)));
@@ -472,6 +486,7 @@ bool CudaBackend::ExpertGemmsFp8Swap(const RoutedExpertsArgs& a, const int32_t* 
   // 64-byte aligned).
   alignas(64) static const float kProbe[16] = {};
   for (kernels::Fp8WgmmaSwapGroupedGemmParams* p : {&gu, &dn}) {
+    p->offsets = reinterpret_cast<const int32_t*>(kProbe);
     p->a = reinterpret_cast<const uint8_t*>(kProbe), p->a_scales = kProbe;
     p->weight_maps = kProbe, p->c = const_cast<float*>(kProbe);
     if (!kernels::Fp8WgmmaSwapGroupedGemmSupports(*p)) return false;
@@ -479,29 +494,36 @@ bool CudaBackend::ExpertGemmsFp8Swap(const RoutedExpertsArgs& a, const int32_t* 
   gu.weight_maps = Fp8SwapWeightMaps(a.gate_up, a.gate_up_host, E, 2 * I, H);
   dn.weight_maps = Fp8SwapWeightMaps(a.down, a.down_host, E, H, I);
   if (gu.weight_maps == nullptr || dn.weight_maps == nullptr) return false;
+  // The plan only: the token rows go straight from a.hidden into their experts' quantised rows.
+  const MoePermutation perm =
+      PermuteRoutedRows(a, rows, /*row_align=*/1, /*bf16=*/true, /*gather=*/false);
+  const int32_t* offsets = perm.plan->as<int32_t>() + E;
+  gu.offsets = dn.offsets = offsets;
   PhaseTimer phase(this, "RoutedExpertsFp8Mma/wgmma-swap", true);
   const int64_t width = std::max(H, I);
   auto q = AllocateScratch(rows * width);
   auto q_scales = AllocateScratch(rows * kernels::Fp8ScaleCols(width) * sizeof(float));
   auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
-  auto act = AllocateScratch(rows * I * sizeof(uint16_t));
+  auto expert_out = AllocateScratch(rows * H * sizeof(float));
   // Each group's rows quantised with their scales packed for the group (Fp8QuantizeRows'
-  // grouped layout, which the swap kernel reads).
-  auto quantize = [&](const void* x, int64_t k, const char* what) {
-    kernels::Fp8QuantizeParams qp;
-    qp.m = rows, qp.k = k, qp.a = x, qp.a_bf16 = true, qp.lda = k;
-    qp.q = q->as<uint8_t>(), qp.ldq = k, qp.scales = q_scales->as<float>(), qp.m_pad = rows;
-    qp.group_offsets = offsets, qp.num_groups = E;
-    Check(kernels::Fp8QuantizeRows(qp, stream_), what);
-  };
-  quantize(permuted, H, "kernels::Fp8QuantizeRows(gate_up)");
+  // grouped layout, which the swap kernel reads). The rows are those of a bf16 gather (each
+  // token row rounded to bf16, then quantised once and written to its top-k experts' rows) and
+  // of SiluMulF32ToBf16's product; row_align 1: no group padding rows.
+  kernels::Fp8QuantizeParams qp;
+  qp.m = T, qp.k = H, qp.a = a.hidden, qp.round_bf16 = true, qp.lda = H;
+  qp.q = q->as<uint8_t>(), qp.ldq = H, qp.scales = q_scales->as<float>(), qp.m_pad = T;
+  qp.group_offsets = offsets, qp.num_groups = E;
+  qp.dest_rows = perm.choice_row->as<int32_t>(), qp.dests_per_row = static_cast<int32_t>(K);
+  Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(gate_up)");
   gu.a = q->as<uint8_t>(), gu.a_scales = q_scales->as<float>(), gu.c = gate_up->as<float>();
   Check(kernels::Fp8WgmmaSwapGroupedGemm(gu, stream_), "kernels::Fp8WgmmaSwapGroupedGemm(gate_up)");
-  Check(kernels::SiluMulF32ToBf16(T * K, I, gate_up->as<float>(), act->as<uint16_t>(), stream_),
-        "kernels::SiluMulF32ToBf16");
-  quantize(act->data(), I, "kernels::Fp8QuantizeRows(down)");
-  dn.a = q->as<uint8_t>(), dn.a_scales = q_scales->as<float>(), dn.c = expert_out;
+  qp.m = rows, qp.k = I, qp.a = gate_up->data(), qp.round_bf16 = false, qp.silu_mul = true;
+  qp.lda = 2 * I, qp.ldq = I, qp.m_pad = rows;
+  qp.dest_rows = nullptr, qp.dests_per_row = 0;
+  Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(silu_mul)");
+  dn.a = q->as<uint8_t>(), dn.a_scales = q_scales->as<float>(), dn.c = expert_out->as<float>();
   Check(kernels::Fp8WgmmaSwapGroupedGemm(dn, stream_), "kernels::Fp8WgmmaSwapGroupedGemm(down)");
+  CombineExpertRows(a, perm, *expert_out, /*bf16=*/false);
   return true;
 }
 
@@ -550,6 +572,7 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
     }
     if (RoutedExpertsFp8W8A8(a, plan)) return true;
   }
+  if (mma && RoutedExpertsFp8Swap(a, rows)) return true;
   const MoePermutation perm = PermuteRoutedRows(a, rows, row_align, /*bf16=*/mma, /*gather=*/true);
   auto expert_out = AllocateScratch(rows * H * sizeof(float));
   if (per_expert) {

@@ -357,6 +357,7 @@ void CudaBackend::AddRmsNormGemms(int64_t rows, int64_t dim, float* x, const flo
     }
     return;
   }
+  if (AddRmsNormGemmsW8A8(rows, dim, x, y, weight, eps, normed, normed_bf16, gemms)) return;
   Backend::AddRmsNormGemms(rows, dim, x, y, weight, eps, normed, normed_bf16, gemms);
 }
 

@@ -24,6 +24,7 @@ void SwiGlu(Backend* backend, int64_t rows, int64_t hidden, const SwiGluWeights&
             ActivationView h, float* out, bool accumulate, bool bf16_operands) {
   const int64_t H = hidden, I = w.inter;
   if (bf16_operands) {
+    if (backend->SwiGluMlpBf16(rows, H, I, h, w.gate_up, w.down, out, accumulate)) return;
     auto act16 = backend->AllocateScratch(rows * I * sizeof(uint16_t));
     GateUpSiluMulBf16(backend, rows, I, H, h, H, w.gate_up, H, act16->as<uint16_t>());
     backend->Gemm(rows, H, I, ActivationView::Bf16(act16->as<uint16_t>()), I, w.down, I, out, H,

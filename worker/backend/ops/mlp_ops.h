@@ -27,7 +27,8 @@ void GateUpSiluMulBf16(Backend* backend, int64_t rows, int64_t inter, int64_t k,
 
 // out = down(silu(gate h) * up h) over `rows` rows of width hidden, or out += it with
 // accumulate (one fp32 addition per element, as Add). With bf16_operands the activation reaches
-// the down GEMM in bf16 (GateUpSiluMulBf16 above); else fp32 SiluMul.
+// the down GEMM in bf16 (Backend::SwiGluMlpBf16 where the backend takes it, else
+// GateUpSiluMulBf16 above and the down Gemm); else fp32 SiluMul.
 void SwiGlu(Backend* backend, int64_t rows, int64_t hidden, const SwiGluWeights& w,
             ActivationView h, float* out, bool accumulate, bool bf16_operands);
 
