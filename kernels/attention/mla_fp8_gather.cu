@@ -96,7 +96,8 @@ __global__ void __launch_bounds__(kThreads) GatherKernel(const __grid_constant__
         }
         out = make_uint4(w[0], w[1], w[2], w[3]);
       } else {
-        out = __ldg(reinterpret_cast<const uint4*>(e + a.src.fp8_rope_offset) + (c - latent_pieces));
+        out =
+            __ldg(reinterpret_cast<const uint4*>(e + a.src.fp8_rope_offset) + (c - latent_pieces));
       }
       reinterpret_cast<uint4*>(d)[c] = out;
     } else {

@@ -35,7 +35,7 @@ struct Fp8GatherRow {
 constexpr int32_t kFp8GatherRowsPerLaunch = 64;
 
 struct Fp8GatherParams {
-  PagedLatentCache src;  // kFp8E4M3, Fp8LatentCacheLayoutValid
+  PagedLatentCache src;                   // kFp8E4M3, Fp8LatentCacheLayoutValid
   const int32_t* block_tables = nullptr;  // device [source rows, max_blocks_per_seq]
   int32_t max_blocks_per_seq = 0;
   // The rows, one of:

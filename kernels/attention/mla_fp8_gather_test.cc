@@ -3,6 +3,8 @@
 // the blocks the rows were written to, and destination entries outside the rows keep their
 // previous bytes. Host rows and token rows, the vectorised shape (DeepSeek-V3's latent 512 +
 // rope 64) and one that goes a value at a time.
+#include "kernels/attention/mla_fp8_gather.h"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -14,7 +16,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/attention/mla_fp8_gather.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/fp8_latent_entry.h"
@@ -52,7 +53,8 @@ struct Source {
     const int32_t num_blocks = rows * max_blocks;
     const int64_t entries = int64_t{num_blocks} * kBlock;
     cache.assign(static_cast<size_t>(entries * entry_bytes), 0);
-    std::vector<float> x = testing::RandomFloats(static_cast<size_t>(entries) * (latent + rope), seed);
+    std::vector<float> x =
+        testing::RandomFloats(static_cast<size_t>(entries) * (latent + rope), seed);
     std::mt19937 gen(seed + 1);
     std::uniform_real_distribution<float> exponent(-8.0f, 8.0f);
     for (int64_t e = 0; e < entries; ++e) {
@@ -172,8 +174,8 @@ TEST_P(MlaFp8GatherTest, HostRowsMatchTheHostBitForBit) {
   std::vector<uint16_t> dst(static_cast<size_t>(dst_blocks) * kBlock * dim);
   std::vector<int32_t> dst_tables(rows.size() * table_width);
   DEEPINFER_CUDA_OK(cudaMemcpy(dst.data(), ddst.p, dst.size() * 2, cudaMemcpyDeviceToHost));
-  DEEPINFER_CUDA_OK(cudaMemcpy(dst_tables.data(), ddst_tables.p, dst_tables.size() * 4,
-                               cudaMemcpyDeviceToHost));
+  DEEPINFER_CUDA_OK(
+      cudaMemcpy(dst_tables.data(), ddst_tables.p, dst_tables.size() * 4, cudaMemcpyDeviceToHost));
   ExpectCopy(s, rows, dst_tables, table_width, dst, dst_blocks);
 
   // A row past the destination, or longer than the table, is refused before any launch.
@@ -233,8 +235,8 @@ TEST_P(MlaFp8GatherTest, TokenRowsMatchTheHostBitForBit) {
   std::vector<int32_t> dst_tables(static_cast<size_t>(tokens) * table_width);
   std::vector<int32_t> seq_out(tokens);
   DEEPINFER_CUDA_OK(cudaMemcpy(dst.data(), ddst.p, dst.size() * 2, cudaMemcpyDeviceToHost));
-  DEEPINFER_CUDA_OK(cudaMemcpy(dst_tables.data(), ddst_tables.p, dst_tables.size() * 4,
-                               cudaMemcpyDeviceToHost));
+  DEEPINFER_CUDA_OK(
+      cudaMemcpy(dst_tables.data(), ddst_tables.p, dst_tables.size() * 4, cudaMemcpyDeviceToHost));
   DEEPINFER_CUDA_OK(
       cudaMemcpy(seq_out.data(), dseq_out.p, tokens * sizeof(int32_t), cudaMemcpyDeviceToHost));
   std::vector<kernels::Fp8GatherRow> rows;

@@ -67,7 +67,7 @@ struct Fp8CacheCopy {
   PagedLatentCacheView cache;  // the copy's view: bf16, the source's block size and shape
   int64_t blocks = 0;
   int32_t* block_tables = nullptr;
-  int32_t width = 0;           // the copy's max_blocks_per_seq
+  int32_t width = 0;             // the copy's max_blocks_per_seq
   int32_t* token_seq = nullptr;  // token rows: the tokens' rows of block_tables
 };
 
@@ -117,7 +117,8 @@ bool PlanFp8SpanRows(const PagedLatentCacheView& c, const MlaSequenceSpan* spans
   int64_t next = 0;
   int64_t w = 1;
   for (int32_t i = 0; i < n; ++i) {
-    const int64_t nb = (static_cast<int64_t>(spans[i].context_len) + c.block_size - 1) / c.block_size;
+    const int64_t nb =
+        (static_cast<int64_t>(spans[i].context_len) + c.block_size - 1) / c.block_size;
     if (next > 0x7fffffff) return false;
     rows->push_back({i, spans[i].context_len, static_cast<int32_t>(next)});
     next += std::max<int64_t>(nb, 1);
@@ -455,8 +456,7 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
 bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
   // The kernel reads fp32 and bf16 caches, an FP8 cache through its bf16 copy (declined where
   // the copy would exceed kFp8CopyMaxBytes: the absorbed MlaAttention then runs).
-  if (tuning_.batch_invariant || a.kv_b.dtype != WeightDType::kBFloat16 ||
-      a.sequences == nullptr) {
+  if (tuning_.batch_invariant || a.kv_b.dtype != WeightDType::kBFloat16 || a.sequences == nullptr) {
     return false;
   }
   const bool fp8 = a.cache.dtype == WeightDType::kFp8E4M3;

@@ -227,7 +227,8 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
   double max_latent = 0.0;
   for (int64_t e = 0; e < static_cast<int64_t>(rounded.size()) / kEntry; ++e) {
     for (int32_t i = 0; i < kLatent; ++i) {
-      max_latent = std::max<double>(max_latent, std::fabs(Bf16BitsToFloat(rounded[e * kEntry + i])));
+      max_latent =
+          std::max<double>(max_latent, std::fabs(Bf16BitsToFloat(rounded[e * kEntry + i])));
     }
   }
   // The key-split kernel's bound (bf16 Q and P; cuda_backend_attention_test's Bf16OperandsAtol).
