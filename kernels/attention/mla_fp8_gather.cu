@@ -43,7 +43,6 @@ __device__ __forceinline__ uint16_t DequantBf16(uint8_t code, float scale) {
 template <bool kVec, bool kHostRows>
 __global__ void __launch_bounds__(kThreads) GatherKernel(const __grid_constant__ Launch a) {
   int32_t src_row, len, dst_block, table_row;
-  const int32_t capacity = a.table_width * a.src.block_size;
   if constexpr (kHostRows) {
     const Fp8GatherRow& r = a.rows[blockIdx.y];
     src_row = r.src_row;
@@ -53,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) GatherKernel(const __grid_constant__
   } else {
     const int32_t t = static_cast<int32_t>(blockIdx.y);
     src_row = a.token_seq[t];
-    len = min(max(a.context_len[t], 0), capacity);
+    len = min(max(a.context_len[t], 0), a.table_width * a.src.block_size);
     dst_block = t * a.table_width;
     table_row = t;
     if (a.token_seq_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.token_seq_out[t] = t;
