@@ -29,7 +29,8 @@
 // With an FP8 cache the same kernel dequantises each key to fp32 in shared memory (codes times
 // the entry's scale, the bf16 rope key widened) with plain loads: the entry is 656 bytes for
 // DeepSeek-V3 against 1152 in bf16, so a chunk moves fewer bytes, but the math is the fp32
-// kernel's (no FP8 tensor-core path yet).
+// kernel's. (The CUDA backend runs the tensor-core kernels over an FP8 cache by dequantising the
+// entries into a bf16 copy first, mla_fp8_gather.h; this kernel is its fallback.)
 //
 // With a bf16 cache the same kernel widens each key to fp32 in shared memory (any shape), but
 // DeepSeek's latent 512 + rope 64 goes to MlaBf16KeySplitKernel (FlashMLA's work split: each

@@ -62,6 +62,7 @@ tests=(
   //kernels/common:launch_test
   //kernels/attention:mla_attention_test
   //kernels/attention:mla_decode_small_test
+  //kernels/attention:mla_fp8_gather_test
   //kernels/attention:mla_prefill_test
   //kernels/attention:mha_prefill_test
   //kernels/embedding:rows_test

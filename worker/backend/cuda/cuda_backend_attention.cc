@@ -1,10 +1,14 @@
 // CudaBackend's attention ops: rope, the latent cache writes (with the norm, rope and W_uk
 // product in one launch at a decode token), MLA attention (the one-launch decode kernel, the
 // key-split decode kernels, the tensor-core prefill) and the non-absorbed MLA prefill. An FP8
-// latent cache (fp8_latent_entry.h) is written by its own quantising kernel and read by the
-// CUDA-core MLA kernel only (decode and prefill alike).
+// latent cache (fp8_latent_entry.h) is written by its own quantising kernel; attention over it
+// first dequantises the entries the call reads into a bf16 copy laid out as a bf16 paged cache
+// (kernels::GatherFp8LatentCacheBf16, scratch reused across layers) and runs the bf16 cache's
+// kernels on the copy; where the copy would exceed kFp8CopyMaxBytes, and in the batch-invariant
+// mode, the CUDA-core MLA kernel reads the FP8 entries itself.
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +16,7 @@
 #include "kernels/attention/mha_prefill.h"
 #include "kernels/attention/mla_attention.h"
 #include "kernels/attention/mla_decode_small.h"
+#include "kernels/attention/mla_fp8_gather.h"
 #include "kernels/attention/mla_prefill.h"
 #include "kernels/rope/rope.h"
 #include "worker/backend/cuda/cuda_backend.h"
@@ -48,6 +53,82 @@ kernels::PagedLatentCache KernelCache(const PagedLatentCacheView& v) {
   return c;
 }
 
+// The most bytes a bf16 copy of an FP8 cache's entries (and its block table) may take for one
+// attention call; a call that needs more reads the FP8 entries with the CUDA-core kernel
+// (a decode call without spans runs its tokens in chunks that fit first).
+constexpr size_t kFp8CopyMaxBytes = size_t{512} << 20;
+
+size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// A bf16 copy of FP8 cache entries (kernels/attention/mla_fp8_gather.h) in one scratch buffer:
+// `blocks` blocks of entries, a block table of `rows` x `width`, and `tokens` token rows.
+struct Fp8CacheCopy {
+  std::unique_ptr<DeviceBuffer> buffer;
+  PagedLatentCacheView cache;  // the copy's view: bf16, the source's block size and shape
+  int64_t blocks = 0;
+  int32_t* block_tables = nullptr;
+  int32_t width = 0;             // the copy's max_blocks_per_seq
+  int32_t* token_seq = nullptr;  // token rows: the tokens' rows of block_tables
+};
+
+size_t Fp8CopyBytes(const PagedLatentCacheView& c, int64_t blocks, int64_t rows, int64_t width,
+                    int64_t tokens) {
+  return Align256(static_cast<size_t>(blocks) * c.block_size * c.entry_dim() * sizeof(uint16_t)) +
+         Align256(static_cast<size_t>(rows * width) * sizeof(int32_t)) +
+         Align256(static_cast<size_t>(tokens) * sizeof(int32_t));
+}
+
+Fp8CacheCopy AllocateFp8Copy(Backend* backend, const PagedLatentCacheView& source, int64_t blocks,
+                             int64_t rows, int32_t width, int64_t tokens) {
+  Fp8CacheCopy copy;
+  const size_t entries =
+      Align256(static_cast<size_t>(blocks) * source.block_size * source.entry_dim() * 2);
+  const size_t table = Align256(static_cast<size_t>(rows) * width * sizeof(int32_t));
+  copy.buffer = backend->AllocateScratch(Fp8CopyBytes(source, blocks, rows, width, tokens));
+  char* base = static_cast<char*>(copy.buffer->data());
+  copy.cache = source;
+  copy.cache.cache = base;
+  copy.cache.dtype = WeightDType::kBFloat16;
+  copy.blocks = blocks;
+  copy.block_tables = reinterpret_cast<int32_t*>(base + entries);
+  copy.width = width;
+  copy.token_seq = tokens > 0 ? reinterpret_cast<int32_t*>(base + entries + table) : nullptr;
+  return copy;
+}
+
+kernels::Fp8GatherParams Fp8GatherParamsFor(const PagedLatentCacheView& source,
+                                            const int32_t* block_tables, int32_t max_blocks_per_seq,
+                                            const Fp8CacheCopy& copy) {
+  kernels::Fp8GatherParams g;
+  g.src = KernelCache(source);
+  g.block_tables = block_tables;
+  g.max_blocks_per_seq = max_blocks_per_seq;
+  g.dst = static_cast<uint16_t*>(copy.cache.cache);
+  g.dst_blocks = copy.blocks;
+  g.dst_tables = copy.block_tables;
+  g.table_width = copy.width;
+  return g;
+}
+
+// One row per span (block-table row i, entries 0 .. context_len - 1), packed one after another;
+// false when the copy would exceed kFp8CopyMaxBytes.
+bool PlanFp8SpanRows(const PagedLatentCacheView& c, const MlaSequenceSpan* spans, int32_t n,
+                     std::vector<kernels::Fp8GatherRow>* rows, int64_t* blocks, int32_t* width) {
+  int64_t next = 0;
+  int64_t w = 1;
+  for (int32_t i = 0; i < n; ++i) {
+    const int64_t nb =
+        (static_cast<int64_t>(spans[i].context_len) + c.block_size - 1) / c.block_size;
+    if (next > 0x7fffffff) return false;
+    rows->push_back({i, spans[i].context_len, static_cast<int32_t>(next)});
+    next += std::max<int64_t>(nb, 1);
+    w = std::max(w, nb);
+  }
+  *blocks = next;
+  *width = static_cast<int32_t>(w);
+  return next <= 0x7fffffff && Fp8CopyBytes(c, next, n, w, 0) <= kFp8CopyMaxBytes;
+}
+
 kernels::NormRopeCacheParams NormRopeCacheParamsFor(const NormRopeCacheArgs& a) {
   kernels::NormRopeCacheParams p;
   p.tokens = a.tokens;
@@ -69,6 +150,23 @@ kernels::NormRopeCacheParams NormRopeCacheParamsFor(const NormRopeCacheArgs& a) 
   p.cache = a.cache.cache;
   p.cache_bf16 = a.cache.dtype == WeightDType::kBFloat16;
   return p;
+}
+
+// The copy of the spans' rows (PlanFp8SpanRows): *copy allocated and the gather launched on
+// `stream` when the rows fit (*fits), nothing done otherwise.
+cudaError_t CopyFp8Spans(Backend* backend, cudaStream_t stream, const PagedLatentCacheView& cache,
+                         const int32_t* block_tables, int32_t max_blocks_per_seq,
+                         const MlaSequenceSpan* spans, int32_t n, Fp8CacheCopy* copy, bool* fits) {
+  std::vector<kernels::Fp8GatherRow> rows;
+  int64_t blocks = 0;
+  int32_t width = 0;
+  *fits = PlanFp8SpanRows(cache, spans, n, &rows, &blocks, &width);
+  if (!*fits) return cudaSuccess;
+  *copy = AllocateFp8Copy(backend, cache, blocks, n, width, 0);
+  kernels::Fp8GatherParams g = Fp8GatherParamsFor(cache, block_tables, max_blocks_per_seq, *copy);
+  g.rows = rows.data();
+  g.num_rows = n;
+  return kernels::GatherFp8LatentCacheBf16(g, stream);
 }
 
 }  // namespace
@@ -208,17 +306,48 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
     Check(kernels::MlaAttentionF32(p, stream_), "kernels::MlaAttentionF32");
     return;
   }
+  // Tokens [t0, t0 + n) of params q (their query, context and output rows).
+  auto token_rows = [&](const kernels::MlaAttentionParams& q, int64_t t0, int32_t n) {
+    kernels::MlaAttentionParams r = q;
+    r.num_tokens = n;
+    r.q_latent = q.q_latent + t0 * a.num_heads * a.cache.latent_dim;
+    r.q_rope = q.q_rope + t0 * a.q_rope_token_stride;
+    r.token_seq = q.token_seq + t0;
+    r.context_len = q.context_len + t0;
+    r.out_latent = q.out_latent + t0 * a.num_heads * a.cache.latent_dim;
+    return r;
+  };
+  // An FP8 cache: the entries the call reads as a bf16 copy (the bf16 cache's kernels below run
+  // on it); `cache` is the view the kernels read.
+  const bool fp8 = a.cache.dtype == WeightDType::kFp8E4M3;
+  Fp8CacheCopy copy;
+  PagedLatentCacheView cache = a.cache;
+  auto use_copy = [&](kernels::MlaAttentionParams* q) {
+    cache = copy.cache;
+    q->cache = KernelCache(copy.cache);
+    q->block_tables = copy.block_tables;
+    q->max_blocks_per_seq = copy.width;
+  };
   std::vector<kernels::MlaPrefillSequence> prefill;
   if (a.sequences != nullptr) {
     if (!SpansTileTheBatch("CudaBackend::MlaAttention", a.sequences, a.num_sequences, a.num_tokens,
                            /*max_context=*/-1)) {
       return;
     }
+    bool copied = false;
+    if (fp8) {
+      PhaseTimer phase(this, "MlaAttention/fp8-gather", true);
+      if (!Check(CopyFp8Spans(this, stream_, a.cache, a.block_tables, a.max_blocks_per_seq,
+                              a.sequences, a.num_sequences, &copy, &copied),
+                 "kernels::GatherFp8LatentCacheBf16")) {
+        return;
+      }
+      if (copied) use_copy(&p);
+    }
     for (int32_t i = 0; i < a.num_sequences; ++i) {
       const MlaSequenceSpan& s = a.sequences[i];
-      // The tensor-core prefill reads fp32 and bf16 caches; FP8 entries go through the
-      // CUDA-core kernel, which dequantises them.
-      if (a.cache.dtype != WeightDType::kFp8E4M3 && UsesTensorCoreAttention(s)) {
+      // The tensor-core prefill reads fp32 and bf16 caches (an FP8 cache through its copy).
+      if ((!fp8 || copied) && UsesTensorCoreAttention(s)) {
         prefill.push_back({i, s.first_token, s.num_tokens, s.context_len});
       }
     }
@@ -234,16 +363,53 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
         max_context = std::max(max_context, a.sequences[i].context_len);
       }
     }
-    if (a.num_tokens <= kMlaDecodeSmallMaxTokens && max_context > 0 &&
-        max_context <= tuning_.mla_decode_small_max_context &&
-        kernels::MlaDecodeSmallSupported(p)) {
-      const cudaError_t e = kernels::MlaDecodeSmall(p, kernels::MlaDecodeSmallOptions(), stream_);
-      if (e != cudaErrorNotSupported) {
-        Check(e, "kernels::MlaDecodeSmall");
+    auto decode = [&](const kernels::MlaAttentionParams& q) {
+      if (q.num_tokens <= kMlaDecodeSmallMaxTokens && max_context > 0 &&
+          max_context <= tuning_.mla_decode_small_max_context &&
+          kernels::MlaDecodeSmallSupported(q)) {
+        const cudaError_t e = kernels::MlaDecodeSmall(q, kernels::MlaDecodeSmallOptions(), stream_);
+        if (e != cudaErrorNotSupported) {
+          Check(e, "kernels::MlaDecodeSmall");
+          return;
+        }
+      }
+      Check(kernels::MlaAttentionF32(q, stream_), "kernels::MlaAttentionF32");
+    };
+    if (fp8 && a.sequences == nullptr && a.max_blocks_per_seq > 0) {
+      // No spans (a recorded decode step): token t's row of the copy holds its own context, up
+      // to the block table's width, and the tokens run in as few equal chunks as keep the copy
+      // within kFp8CopyMaxBytes (the chunks reuse one copy, in stream order).
+      const int32_t width = a.max_blocks_per_seq;
+      const size_t per_token = Fp8CopyBytes(a.cache, width, 1, width, 1);
+      const int64_t fit = static_cast<int64_t>(kFp8CopyMaxBytes / per_token);
+      if (fit >= 1) {
+        const int64_t chunks = (a.num_tokens + fit - 1) / fit;
+        const int32_t chunk = static_cast<int32_t>((a.num_tokens + chunks - 1) / chunks);
+        copy = AllocateFp8Copy(this, a.cache, int64_t{chunk} * width, chunk, width, chunk);
+        for (int32_t t0 = 0; t0 < a.num_tokens; t0 += chunk) {
+          const int32_t n = std::min(chunk, a.num_tokens - t0);
+          kernels::MlaAttentionParams r = token_rows(p, t0, n);
+          {
+            PhaseTimer phase(this, "MlaAttention/fp8-gather", true);
+            kernels::Fp8GatherParams g =
+                Fp8GatherParamsFor(a.cache, a.block_tables, a.max_blocks_per_seq, copy);
+            g.token_seq = r.token_seq;
+            g.context_len = r.context_len;
+            g.token_seq_out = copy.token_seq;
+            g.num_rows = n;
+            if (!Check(kernels::GatherFp8LatentCacheBf16(g, stream_),
+                       "kernels::GatherFp8LatentCacheBf16")) {
+              return;
+            }
+          }
+          use_copy(&r);
+          r.token_seq = copy.token_seq;
+          decode(r);
+        }
         return;
       }
     }
-    Check(kernels::MlaAttentionF32(p, stream_), "kernels::MlaAttentionF32");
+    decode(p);
     return;
   }
   // The other sequences' tokens go through the fp32 kernel, one launch per run of consecutive
@@ -251,15 +417,8 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   int32_t run_begin = 0;
   auto flush = [&](int32_t run_end) {
     if (run_end > run_begin) {
-      kernels::MlaAttentionParams r = p;
-      const int64_t t0 = run_begin;
-      r.num_tokens = run_end - run_begin;
-      r.q_latent = p.q_latent + t0 * a.num_heads * a.cache.latent_dim;
-      r.q_rope = p.q_rope + t0 * a.q_rope_token_stride;
-      r.token_seq = p.token_seq + t0;
-      r.context_len = p.context_len + t0;
-      r.out_latent = p.out_latent + t0 * a.num_heads * a.cache.latent_dim;
-      Check(kernels::MlaAttentionF32(r, stream_), "kernels::MlaAttentionF32");
+      Check(kernels::MlaAttentionF32(token_rows(p, run_begin, run_end - run_begin), stream_),
+            "kernels::MlaAttentionF32");
     }
   };
   for (const kernels::MlaPrefillSequence& s : prefill) {
@@ -274,14 +433,14 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   f.q_rope = a.q_rope;
   f.q_rope_token_stride = a.q_rope_token_stride;
   f.q_rope_head_stride = a.q_rope_head_stride;
-  f.cache = a.cache.cache;
-  f.cache_dtype = a.cache.dtype == WeightDType::kBFloat16 ? kernels::MlaCacheDType::kBFloat16
-                                                          : kernels::MlaCacheDType::kFloat32;
-  f.block_size = a.cache.block_size;
-  f.latent_dim = a.cache.latent_dim;
-  f.rope_dim = a.cache.rope_dim;
-  f.block_tables = a.block_tables;
-  f.max_blocks_per_seq = a.max_blocks_per_seq;
+  f.cache = cache.cache;
+  f.cache_dtype = cache.dtype == WeightDType::kBFloat16 ? kernels::MlaCacheDType::kBFloat16
+                                                        : kernels::MlaCacheDType::kFloat32;
+  f.block_size = cache.block_size;
+  f.latent_dim = cache.latent_dim;
+  f.rope_dim = cache.rope_dim;
+  f.block_tables = p.block_tables;
+  f.max_blocks_per_seq = p.max_blocks_per_seq;
   f.sequences = prefill.data();
   f.num_sequences = static_cast<int32_t>(prefill.size());
   f.softmax_scale = a.softmax_scale;
@@ -295,10 +454,19 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
 }
 
 bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
-  // The kernel reads fp32 and bf16 caches; an FP8 cache's prefill runs the absorbed MlaAttention.
-  if (tuning_.batch_invariant || a.kv_b.dtype != WeightDType::kBFloat16 ||
-      a.sequences == nullptr || a.cache.dtype == WeightDType::kFp8E4M3) {
+  // The kernel reads fp32 and bf16 caches, an FP8 cache through its bf16 copy (declined where
+  // the copy would exceed kFp8CopyMaxBytes: the absorbed MlaAttention then runs).
+  if (tuning_.batch_invariant || a.kv_b.dtype != WeightDType::kBFloat16 || a.sequences == nullptr) {
     return false;
+  }
+  const bool fp8 = a.cache.dtype == WeightDType::kFp8E4M3;
+  if (fp8) {
+    std::vector<kernels::Fp8GatherRow> rows;
+    int64_t blocks = 0;
+    int32_t width = 0;
+    if (!PlanFp8SpanRows(a.cache, a.sequences, a.num_sequences, &rows, &blocks, &width)) {
+      return false;
+    }
   }
   if (!SpansTileTheBatch("CudaBackend::MhaPrefillAttention", a.sequences, a.num_sequences,
                          a.num_tokens,
@@ -318,7 +486,7 @@ bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
   p.q_token_stride = a.q_token_stride;
   p.q_head_stride = a.q_head_stride;
   p.cache = a.cache.cache;
-  p.cache_bf16 = a.cache.dtype == WeightDType::kBFloat16;
+  p.cache_bf16 = a.cache.dtype != WeightDType::kFloat32;  // FP8: its bf16 copy, below
   p.block_size = a.cache.block_size;
   p.latent_dim = a.cache.latent_dim;
   p.rope_dim = a.cache.rope_dim;
@@ -341,6 +509,19 @@ bool CudaBackend::MhaPrefillAttention(const MhaPrefillArgs& a) {
   };
   if (!kernels::MhaPrefillSupported(p)) return false;
   OpTimer timer(this, "MhaPrefillAttention");
+  Fp8CacheCopy copy;
+  if (fp8) {
+    PhaseTimer phase(this, "MhaPrefillAttention/fp8-gather", true);
+    bool copied = false;
+    if (!Check(CopyFp8Spans(this, stream_, a.cache, a.block_tables, a.max_blocks_per_seq,
+                            a.sequences, a.num_sequences, &copy, &copied),
+               "kernels::GatherFp8LatentCacheBf16")) {
+      return true;
+    }
+    p.cache = copy.cache.cache;
+    p.block_tables = copy.block_tables;
+    p.max_blocks_per_seq = copy.width;
+  }
   p.workspace_bytes = kernels::MhaPrefillWorkspaceBytes(p);
   auto workspace = AllocateScratch(std::max<size_t>(p.workspace_bytes, 1));
   p.workspace = workspace->data();

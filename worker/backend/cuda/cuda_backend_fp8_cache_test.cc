@@ -2,18 +2,24 @@
 // reference: the cache write (the same bytes), the norm + rope + cache write and its form with
 // the W_uk product (the same values within the rounding of one e4m3 step where the fp32 inputs
 // differ in the last bit), and MLA attention over the same FP8 entries, eager and replayed from
-// a recording, decode and prefill-sized spans (the CUDA-core kernel: fp32 math, so fp32
-// tolerances); the non-absorbed prefill declines FP8.
+// a recording, decode and prefill-sized spans, and the non-absorbed prefill: both run the bf16
+// cache's tensor-core kernels over a bf16 copy of the entries (kernels::GatherFp8LatentCacheBf16,
+// the "fp8-gather" phases of the op report), so decode gives the bits of the bf16 cache holding
+// the entries rounded to bf16, and every result is within the bf16 kernels' tolerances of the CPU
+// over the FP8 entries.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/cuda_backend_test_fixture.h"
@@ -23,7 +29,12 @@ namespace deepinfer {
 namespace {
 
 using testing::AllClose;
+using testing::CallsOf;
 using testing::CudaBackendTest;
+
+// The tensor-core prefill kernels' tolerances (kernels/attention/mla_prefill_test.cc and
+// mha_prefill_test.cc: q, the keys and P rounded to bf16) for values of about unit scale.
+constexpr double kPrefillAtol = 4e-2, kPrefillRtol = 2e-2;
 
 constexpr int32_t kHeads = 16, kLatent = 512, kRope = 64, kBlock = 16, kEntry = kLatent + kRope;
 constexpr int64_t kEntryBytes = Fp8LatentLayout(kLatent, kRope).bytes;
@@ -64,6 +75,14 @@ class CudaBackendFp8CacheTest : public CudaBackendTest {
       DequantizeFp8LatentEntry(cache.data() + e * kEntryBytes, kLatent, kRope,
                                out.data() + e * kEntry);
     }
+    return out;
+  }
+  // The bf16 bits of each value of Dequantized(cache): a bf16 cache of the same slots holding
+  // what the FP8 attention's copy holds.
+  static std::vector<uint16_t> RoundedToBf16(const std::vector<uint8_t>& cache) {
+    const std::vector<float> f = Dequantized(cache);
+    std::vector<uint16_t> out(f.size());
+    for (size_t i = 0; i < f.size(); ++i) out[i] = FloatToBf16Bits(f[i]);
     return out;
   }
 };
@@ -170,6 +189,12 @@ TEST_F(CudaBackendFp8CacheTest, NormRopeWriteLatentCacheMatchesCpu) {
 // replayed from a recording (as the decode graphs run it), and a batch with prefill-sized spans
 // (which with a bf16 cache would take the tensor-core prefill). The CUDA-core kernel's math is
 // fp32 in another summation order: fp32 tolerances.
+// Decode tokens (eager with spans, and replayed from a recording without them: the token rows
+// of the copy) and prefill-sized spans over an FP8 cache: the bf16 copy's gather runs (its phase
+// in the op report, eager calls), decode gives the bits of the same call over a bf16 cache
+// holding the entries rounded to bf16 (the same tensor-core kernel on the same values), and
+// every result is within the bf16 kernels' tolerances of the CPU over those rounded entries and
+// within the prefill tolerance of the CPU over the FP8 entries.
 TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -186,8 +211,6 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
     }
   }
   const int64_t cached = static_cast<int64_t>(slots.size());
-  // Latents within a binade of unit scale: the fp32 tolerances of kernels/attention's
-  // mla_attention_test hold for inputs of about that size.
   const std::vector<float> kv = VariedEntries(cached, seed + 1, /*binades=*/1.0f);
   std::vector<uint8_t> cache(static_cast<size_t>(num_blocks) * kBlock * kEntryBytes, 0);
   cpu_.WriteLatentCache(cached, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
@@ -195,13 +218,30 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
   auto dcache = gpu_->Allocate(cache.size());
   gpu_->CopyToDevice(cache.data(), cache.size(), dcache->data());
   auto dtables = UploadInts(tables);
+  // The same slots as a bf16 cache of the entries rounded to bf16.
+  std::vector<uint16_t> rounded = RoundedToBf16(cache);
+  const PagedLatentCacheView rounded_view{rounded.data(), kBlock, kLatent, kRope,
+                                          WeightDType::kBFloat16};
+  auto drounded = gpu_->Allocate(rounded.size() * sizeof(uint16_t));
+  gpu_->CopyToDevice(rounded.data(), rounded.size() * sizeof(uint16_t), drounded->data());
+  double max_latent = 0.0;
+  for (int64_t e = 0; e < static_cast<int64_t>(rounded.size()) / kEntry; ++e) {
+    for (int32_t i = 0; i < kLatent; ++i) {
+      max_latent =
+          std::max<double>(max_latent, std::fabs(Bf16BitsToFloat(rounded[e * kEntry + i])));
+    }
+  }
+  // The key-split kernel's bound (bf16 Q and P; cuda_backend_attention_test's Bf16OperandsAtol).
+  const double key_split_atol = max_latent / 512.0 + 1e-4;
 
   // Query tokens: `per_seq[s]` last positions of sequence s.
   auto run = [&](const std::vector<int32_t>& per_seq, bool replay) {
     std::vector<int32_t> token_seq, context_len;
     std::vector<MlaSequenceSpan> spans;
+    bool decode = true;
     for (int32_t s = 0; s < seqs; ++s) {
       spans.push_back({static_cast<int32_t>(token_seq.size()), per_seq[s], lens[s]});
+      decode = decode && per_seq[s] == 1;
       for (int32_t i = 0; i < per_seq[s]; ++i) {
         token_seq.push_back(s);
         context_len.push_back(lens[s] - per_seq[s] + i + 1);
@@ -225,11 +265,25 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
     a.softmax_scale = 0.0721f;
     a.sequences = replay ? nullptr : spans.data();
     a.num_sequences = replay ? 0 : seqs;
-    std::vector<float> want(static_cast<size_t>(tokens) * kHeads * kLatent);
+    const size_t out_size = static_cast<size_t>(tokens) * kHeads * kLatent;
+    std::vector<float> want(out_size), want_rounded(out_size);
     a.out_latent = want.data();
     cpu_.MlaAttention(a);
+    // Over the rounded entries; for decode also with Q rounded to bf16 (the key-split kernel).
+    std::vector<float> q_latent16 = q_latent, q_rope16 = q_rope;
+    if (decode) {
+      for (float& x : q_latent16) x = RoundToBf16(x);
+      for (float& x : q_rope16) x = RoundToBf16(x);
+    }
+    MlaAttentionArgs ar = a;
+    ar.cache = rounded_view;
+    ar.q_latent = q_latent16.data();
+    ar.q_rope = q_rope16.data();
+    ar.out_latent = want_rounded.data();
+    cpu_.MlaAttention(ar);
 
-    auto dql = Upload(q_latent), dqr = Upload(q_rope), out = Poisoned(want.size());
+    auto dql = Upload(q_latent), dqr = Upload(q_rope);
+    auto out = Poisoned(out_size), out_bf16_cache = Poisoned(out_size);
     auto dseq = UploadInts(token_seq), dctx = UploadInts(context_len);
     MlaAttentionArgs g = a;
     g.q_latent = dql->as<float>();
@@ -238,20 +292,37 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
     g.block_tables = dtables->as<int32_t>();
     g.token_seq = dseq->as<int32_t>();
     g.context_len = dctx->as<int32_t>();
+    MlaAttentionArgs g16 = g;
+    g16.cache = {drounded->data(), kBlock, kLatent, kRope, WeightDType::kBFloat16};
     g.out_latent = out->as<float>();
+    g16.out_latent = out_bf16_cache->as<float>();
     if (replay) {
       g.max_context_hint = 300;
+      g16.max_context_hint = 300;
       auto ops = Record([&] {
         gpu_->MlaAttention(g);
+        gpu_->MlaAttention(g16);
         return true;
       });
       ASSERT_NE(ops, nullptr);
       ASSERT_TRUE(ops->Replay().ok());
     } else {
+      gpu_->SetOpTiming(true);
       gpu_->MlaAttention(g);
+      const std::string report = gpu_->TakeOpTimingReport();
+      gpu_->SetOpTiming(false);
+      EXPECT_EQ(CallsOf(report, "MlaAttention/fp8-gather"), 1) << report;
+      gpu_->MlaAttention(g16);
     }
     ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
-    EXPECT_TRUE(AllClose(Download(*out), want, 1e-4, 1e-4));
+    const std::vector<float> got = Download(*out);
+    if (decode) {
+      EXPECT_TRUE(testing::SameBits(got, Download(*out_bf16_cache), out_size));
+      EXPECT_TRUE(AllClose(got, want_rounded, key_split_atol, 5e-4));
+    } else {
+      EXPECT_TRUE(AllClose(got, want_rounded, kPrefillAtol, kPrefillRtol));
+    }
+    EXPECT_TRUE(AllClose(got, want, kPrefillAtol, kPrefillRtol));
   };
   {
     SCOPED_TRACE("decode");
@@ -267,15 +338,190 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
   }
 }
 
-TEST_F(CudaBackendFp8CacheTest, MhaPrefillDeclinesFp8) {
+// Two decode tokens replayed from a recording whose block table is too wide for the copy of both
+// at once (the copy's cap, kFp8CopyMaxBytes, is 512 MiB): at 2^14 blocks of 16 a row (288 MiB of
+// copy a token) the tokens run one a chunk and agree with the same call over a bf16 cache of the
+// rounded entries within twice the key-split kernel's bound (the split counts differ with the
+// token count); at 2^16 (1.125 GiB a token) the call reads the FP8 entries with the CUDA-core
+// kernel, fp32 math, within fp32 tolerances of the CPU.
+TEST_F(CudaBackendFp8CacheTest, WideTablesRunTheTokensInChunksOrReadTheFp8Entries) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const std::vector<int32_t> lens = {300, 45};
+  const int32_t seqs = 2, used_blocks = 19;
+  const int32_t num_blocks = seqs * used_blocks;
+  std::mt19937 gen(seed);
+  std::vector<int32_t> perm(num_blocks), slots;
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), gen);
+  const int64_t cached = lens[0] + lens[1];
+  const std::vector<float> kv = VariedEntries(cached, seed + 1, /*binades=*/1.0f);
+  const auto q_latent = testing::RandomFloats(int64_t{seqs} * kHeads * kLatent, seed + 2);
+  const auto q_rope = testing::RandomFloats(int64_t{seqs} * kHeads * kRope, seed + 3);
+  auto dql = Upload(q_latent), dqr = Upload(q_rope);
+  auto dseq = UploadInts({0, 1}), dctx = UploadInts(lens);
+  for (const int32_t width : {1 << 14, 1 << 16}) {
+    SCOPED_TRACE(::testing::Message() << "table width " << width);
+    std::vector<int32_t> tables(static_cast<size_t>(seqs) * width, 0);
+    slots.clear();
+    for (int32_t s = 0; s < seqs; ++s) {
+      for (int32_t b = 0; b < used_blocks; ++b) tables[s * width + b] = perm[s * used_blocks + b];
+      for (int32_t p = 0; p < lens[s]; ++p) {
+        slots.push_back(tables[s * width + p / kBlock] * kBlock + p % kBlock);
+      }
+    }
+    std::vector<uint8_t> cache(static_cast<size_t>(num_blocks) * kBlock * kEntryBytes, 0);
+    cpu_.WriteLatentCache(cached, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
+                          View(cache.data()));
+    const std::vector<uint16_t> rounded = RoundedToBf16(cache);
+    auto dcache = gpu_->Allocate(cache.size());
+    gpu_->CopyToDevice(cache.data(), cache.size(), dcache->data());
+    auto drounded = gpu_->Allocate(rounded.size() * sizeof(uint16_t));
+    gpu_->CopyToDevice(rounded.data(), rounded.size() * sizeof(uint16_t), drounded->data());
+    auto dtables = UploadInts(tables);
+    const size_t out_size = static_cast<size_t>(seqs) * kHeads * kLatent;
+    auto out = Poisoned(out_size), out16 = Poisoned(out_size);
+    MlaAttentionArgs g;
+    g.num_tokens = seqs;
+    g.num_heads = kHeads;
+    g.q_latent = dql->as<float>();
+    g.q_rope = dqr->as<float>();
+    g.q_rope_token_stride = kHeads * kRope;
+    g.q_rope_head_stride = kRope;
+    g.cache = View(dcache->data());
+    g.block_tables = dtables->as<int32_t>();
+    g.max_blocks_per_seq = width;
+    g.token_seq = dseq->as<int32_t>();
+    g.context_len = dctx->as<int32_t>();
+    g.softmax_scale = 0.0721f;
+    g.max_context_hint = width * kBlock;
+    MlaAttentionArgs g16 = g;
+    g16.cache = {drounded->data(), kBlock, kLatent, kRope, WeightDType::kBFloat16};
+    g.out_latent = out->as<float>();
+    g16.out_latent = out16->as<float>();
+    auto ops = Record([&] {
+      gpu_->MlaAttention(g);
+      gpu_->MlaAttention(g16);
+      return true;
+    });
+    ASSERT_NE(ops, nullptr);
+    ASSERT_TRUE(ops->Replay().ok());
+    ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+    const std::vector<float> got = Download(*out), got16 = Download(*out16);
+    if (width == (1 << 14)) {
+      double max_latent = 0.0;
+      for (int64_t e = 0; e < static_cast<int64_t>(rounded.size()) / kEntry; ++e) {
+        for (int32_t i = 0; i < kLatent; ++i) {
+          max_latent =
+              std::max<double>(max_latent, std::fabs(Bf16BitsToFloat(rounded[e * kEntry + i])));
+        }
+      }
+      EXPECT_TRUE(AllClose(got, got16, 2.0 * (max_latent / 512.0 + 1e-4), 1e-3));
+    } else {
+      // The CUDA-core kernel over the FP8 entries: fp32 math, the CPU's values.
+      std::vector<float> want(out_size);
+      MlaAttentionArgs a = g;
+      a.q_latent = q_latent.data();
+      a.q_rope = q_rope.data();
+      a.cache = View(cache.data());
+      a.block_tables = tables.data();
+      const std::vector<int32_t> token_seq = {0, 1};
+      a.token_seq = token_seq.data();
+      a.context_len = lens.data();
+      a.out_latent = want.data();
+      cpu_.MlaAttention(a);
+      EXPECT_TRUE(AllClose(got, want, 1e-4, 1e-4));
+    }
+  }
+}
+
+// The non-absorbed prefill over an FP8 cache: taken (its gather phase in the op report), within
+// the tensor-core prefill's tolerance of the CPU over the FP8 entries, and of the same call over
+// a bf16 cache of the entries rounded to bf16.
+TEST_F(CudaBackendFp8CacheTest, MhaPrefillRunsOnTheBf16CopyAndMatchesCpu) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  constexpr int32_t kNope = 128, kV = 128, kQk = kNope + kRope;
+  // (cached before, new tokens) per sequence.
+  const std::vector<std::pair<int32_t, int32_t>> seq_shapes = {{100, 37}, {0, 200}, {63, 65}};
+  const int32_t seqs = static_cast<int32_t>(seq_shapes.size()), max_blocks = 19;
+  std::mt19937 gen(seed);
+  std::vector<int32_t> tables(seqs * max_blocks), slots;
+  std::iota(tables.begin(), tables.end(), 0);
+  std::shuffle(tables.begin(), tables.end(), gen);
+  std::vector<MlaSequenceSpan> spans;
+  int32_t tokens = 0;
+  for (int32_t s = 0; s < seqs; ++s) {
+    const int32_t len = seq_shapes[s].first + seq_shapes[s].second;
+    spans.push_back({tokens, seq_shapes[s].second, len});
+    tokens += seq_shapes[s].second;
+    for (int32_t p = 0; p < len; ++p) {
+      slots.push_back(tables[s * max_blocks + p / kBlock] * kBlock + p % kBlock);
+    }
+  }
+  const int64_t cached = static_cast<int64_t>(slots.size());
+  const std::vector<float> kv = VariedEntries(cached, seed + 1, /*binades=*/0.5f);
+  std::vector<uint8_t> cache(static_cast<size_t>(seqs) * max_blocks * kBlock * kEntryBytes, 0);
+  cpu_.WriteLatentCache(cached, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
+                        View(cache.data()));
+  const std::vector<uint16_t> rounded = RoundedToBf16(cache);
+  const std::vector<float> q = testing::RandomFloats(int64_t{tokens} * kHeads * kQk, seed + 2);
+  const std::vector<float> w =
+      testing::RandomFloats(static_cast<size_t>(kHeads) * (kNope + kV) * kLatent, seed + 3,
+                            1.0f / std::sqrt(static_cast<float>(kLatent)));
+  std::vector<uint16_t> kv_b(w.size());
+  for (size_t i = 0; i < w.size(); ++i) kv_b[i] = FloatToBf16Bits(w[i]);
+
   MhaPrefillArgs a;
-  a.kv_b = WeightView(static_cast<const void*>(nullptr), WeightDType::kBFloat16);
-  const MlaSequenceSpan span{0, 1, 1};
-  a.sequences = &span;
-  a.num_sequences = 1;
-  a.cache = View(nullptr);
-  EXPECT_FALSE(gpu_->MhaPrefillAttention(a));
-  EXPECT_TRUE(gpu_->status().ok()) << gpu_->status();
+  a.num_tokens = tokens;
+  a.num_heads = kHeads;
+  a.nope_dim = kNope;
+  a.v_dim = kV;
+  a.q = q.data();
+  a.q_token_stride = int64_t{kHeads} * kQk;
+  a.q_head_stride = kQk;
+  a.cache = View(cache.data());
+  a.block_tables = tables.data();
+  a.max_blocks_per_seq = max_blocks;
+  a.kv_b = WeightView(kv_b.data(), WeightDType::kBFloat16);
+  a.sequences = spans.data();
+  a.num_sequences = seqs;
+  a.softmax_scale = 0.0721f;
+  const size_t out_size = static_cast<size_t>(tokens) * kHeads * kV;
+  std::vector<float> want(out_size);
+  a.out = want.data();
+  ASSERT_TRUE(cpu16_.MhaPrefillAttention(a));
+  ASSERT_TRUE(cpu16_.status().ok()) << cpu16_.status();
+
+  auto dq = Upload(q);
+  auto dcache = gpu_->Allocate(cache.size());
+  gpu_->CopyToDevice(cache.data(), cache.size(), dcache->data());
+  auto drounded = gpu_->Allocate(rounded.size() * sizeof(uint16_t));
+  gpu_->CopyToDevice(rounded.data(), rounded.size() * sizeof(uint16_t), drounded->data());
+  auto dtables = UploadInts(tables);
+  auto dkv_b = gpu_->Allocate(kv_b.size() * sizeof(uint16_t));
+  gpu_->CopyToDevice(kv_b.data(), kv_b.size() * sizeof(uint16_t), dkv_b->data());
+  auto out = Poisoned(out_size), out16 = Poisoned(out_size);
+  MhaPrefillArgs g = a;
+  g.q = dq->as<float>();
+  g.cache = View(dcache->data());
+  g.block_tables = dtables->as<int32_t>();
+  g.kv_b = WeightView(static_cast<const void*>(dkv_b->data()), WeightDType::kBFloat16);
+  g.out = out->as<float>();
+  gpu_->SetOpTiming(true);
+  ASSERT_TRUE(gpu_->MhaPrefillAttention(g));
+  const std::string report = gpu_->TakeOpTimingReport();
+  gpu_->SetOpTiming(false);
+  EXPECT_EQ(CallsOf(report, "MhaPrefillAttention"), 1) << report;
+  EXPECT_EQ(CallsOf(report, "MhaPrefillAttention/fp8-gather"), 1) << report;
+  MhaPrefillArgs g16 = g;
+  g16.cache = {drounded->data(), kBlock, kLatent, kRope, WeightDType::kBFloat16};
+  g16.out = out16->as<float>();
+  ASSERT_TRUE(gpu_->MhaPrefillAttention(g16));
+  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+  const std::vector<float> got = Download(*out);
+  EXPECT_TRUE(AllClose(got, want, kPrefillAtol, kPrefillRtol));
+  EXPECT_TRUE(AllClose(got, Download(*out16), kPrefillAtol, kPrefillRtol));
 }
 
 }  // namespace
