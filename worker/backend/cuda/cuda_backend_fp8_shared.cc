@@ -102,8 +102,9 @@ const CudaBackend::Fp8SwapGroups* CudaBackend::Fp8SwapSharedGroups(const RoutedE
   }
   std::vector<const float*> gu_part_scales, dn_part_scales;
   cudaError_t err = cudaMemsetAsync(base + gu_scales_at, 0, S * gu_scale_bytes, stream_);
-  if (err == cudaSuccess)
+  if (err == cudaSuccess) {
     err = cudaMemsetAsync(base + dn_scales_at, 0, S * dn_scale_bytes, stream_);
+  }
   for (int32_t p = 0; p < S && err == cudaSuccess; ++p) {
     const int64_t gate_row = p * I, up_row = SI + p * I;  // of the shared gate_up
     uint8_t* gu = reinterpret_cast<uint8_t*>(base + gu_copy_at + p * gu_bytes);
