@@ -610,9 +610,10 @@ class CudaBackend : public Backend {
   // before the layer's first eager call, or their memory not had).
   bool RoutedAndSharedExpertsFp8Swap(const RoutedExpertsArgs& a);
   // The shared groups of a's layer with its routed experts: each part's gate_up [2 inter,
-  // hidden] and down [hidden, inter] (the shared matrices themselves for S = 1, else copies of
-  // their rows and columns), their block scales copied into the routed experts' layout (scale_ld,
-  // split_rows inter), the scale tables and descriptors over E + S groups. Built (a host
+  // hidden] (the shared gate_up itself for S = 1, else a copy of its gate and up rows) and down
+  // [hidden, inter] (columns of the shared down, in place), their block scales copied into the
+  // routed experts' layout (scale_ld, split_rows inter), the scale tables and descriptors over
+  // E + S groups. Built (a host
   // synchronisation) at the first call with these weights outside a capture and kept until the
   // backend goes (the copies assume the weights are not rewritten in place); null where not
   // built.

@@ -3,7 +3,9 @@
 // GEMMs (kernels::Fp8WgmmaSwapGroupedGemm over E + S groups), every token routed to each with
 // weight 1, instead of its own quantise, gate_up GEMM, SiLU-mul and down GEMM. Part p of the
 // shared MLP is gate rows p * inter .., up rows shared_inter + p * inter .. and down columns
-// p * inter ..: an MLP of intermediate size inter whose outputs sum to the shared MLP's.
+// p * inter ..: an MLP of intermediate size inter whose outputs sum to the shared MLP's. The
+// weight descriptors of one GEMM are an array (Fp8WgmmaSwapBuildWeightMaps), each encoded with its
+// own row stride: the routed experts' first, then the parts'.
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -71,7 +73,7 @@ const CudaBackend::Fp8SwapGroups* CudaBackend::Fp8SwapSharedGroups(const RoutedE
   const int64_t dn_scale_rows = kernels::Fp8ScaleRows(H, 0);
   const size_t gu_scale_bytes = gu_scale_rows * a.gate_up_scale_ld * sizeof(float);
   const size_t dn_scale_bytes = dn_scale_rows * a.down_scale_ld * sizeof(float);
-  const size_t gu_bytes = 2 * I * H, dn_bytes = H * I;
+  const size_t gu_bytes = 2 * I * H;
   StorageLayout layout;
   const size_t gu_maps_at = layout.Take(kernels::Fp8WgmmaSwapWeightMapsBytes(E + S));
   const size_t dn_maps_at = layout.Take(kernels::Fp8WgmmaSwapWeightMapsBytes(E + S));
@@ -79,9 +81,10 @@ const CudaBackend::Fp8SwapGroups* CudaBackend::Fp8SwapSharedGroups(const RoutedE
   const size_t dn_table_at = layout.Take((E + S) * sizeof(const float*));
   const size_t gu_scales_at = layout.Take(S * gu_scale_bytes);
   const size_t dn_scales_at = layout.Take(S * dn_scale_bytes);
-  // One part (S = 1): the shared matrices are already each part's layout.
+  // One part (S = 1): the shared gate_up is already the part's layout; more: each part's gate
+  // and up rows copied next to each other. Down needs no copy: part p is columns p * inter .. of
+  // the shared down, a view with row stride shared_inter (its descriptors encoded apart).
   const size_t gu_copy_at = S > 1 ? layout.Take(S * gu_bytes) : 0;
-  const size_t dn_copy_at = S > 1 ? layout.Take(S * dn_bytes) : 0;
   void* storage = nullptr;
   if (cudaMalloc(&storage, layout.size()) != cudaSuccess) {
     cudaGetLastError();  // not sticky: the separate shared MLP runs instead
@@ -95,7 +98,7 @@ const CudaBackend::Fp8SwapGroups* CudaBackend::Fp8SwapSharedGroups(const RoutedE
   const int64_t sgu_ld = a.shared_gate_up_fp8.scale_ld, sdn_ld = a.shared_down_fp8.scale_ld;
   const int64_t sgu_split = a.shared_gate_up_fp8.split_rows;
   const int64_t blocks_i = I / kernels::kFp8BlockSize;
-  std::vector<const uint8_t*> gu_weights, dn_weights;
+  std::vector<const uint8_t*> gu_weights, dn_weights, dn_part_weights;
   for (int32_t e = 0; e < E; ++e) {
     gu_weights.push_back(static_cast<const uint8_t*>(a.gate_up_host[e]));
     dn_weights.push_back(static_cast<const uint8_t*>(a.down_host[e]));
@@ -108,19 +111,15 @@ const CudaBackend::Fp8SwapGroups* CudaBackend::Fp8SwapSharedGroups(const RoutedE
   for (int32_t p = 0; p < S && err == cudaSuccess; ++p) {
     const int64_t gate_row = p * I, up_row = SI + p * I;  // of the shared gate_up
     uint8_t* gu = reinterpret_cast<uint8_t*>(base + gu_copy_at + p * gu_bytes);
-    uint8_t* dn = reinterpret_cast<uint8_t*>(base + dn_copy_at + p * dn_bytes);
     if (S > 1) {
       err = cudaMemcpyAsync(gu, sgu + gate_row * H, I * H, cudaMemcpyDeviceToDevice, stream_);
       if (err == cudaSuccess) {
         err =
             cudaMemcpyAsync(gu + I * H, sgu + up_row * H, I * H, cudaMemcpyDeviceToDevice, stream_);
       }
-      if (err == cudaSuccess) {
-        err = cudaMemcpy2DAsync(dn, I, sdn + p * I, SI, I, H, cudaMemcpyDeviceToDevice, stream_);
-      }
     }
     gu_weights.push_back(S > 1 ? gu : sgu);
-    dn_weights.push_back(S > 1 ? dn : sdn);
+    dn_part_weights.push_back(sdn + p * I);
     float* gs = reinterpret_cast<float*>(base + gu_scales_at + p * gu_scale_bytes);
     float* ds = reinterpret_cast<float*>(base + dn_scales_at + p * dn_scale_bytes);
     const size_t gu_cols = kernels::Fp8ScaleCols(H) * sizeof(float);
@@ -167,8 +166,13 @@ const CudaBackend::Fp8SwapGroups* CudaBackend::Fp8SwapSharedGroups(const RoutedE
                                                base + gu_maps_at, stream_);
   }
   if (err == cudaSuccess) {
-    err = kernels::Fp8WgmmaSwapBuildWeightMaps(E + S, dn_weights.data(), H, I, I, base + dn_maps_at,
+    err = kernels::Fp8WgmmaSwapBuildWeightMaps(E, dn_weights.data(), H, I, I, base + dn_maps_at,
                                                stream_);
+  }
+  if (err == cudaSuccess) {
+    err = kernels::Fp8WgmmaSwapBuildWeightMaps(
+        S, dn_part_weights.data(), H, I, SI,
+        base + dn_maps_at + kernels::Fp8WgmmaSwapWeightMapsBytes(E), stream_);
   }
   // The host arrays above are read by the copies: wait for them. A failure leaves the shared
   // groups unbuilt (retried at the next call) and the separate shared MLP to run.
