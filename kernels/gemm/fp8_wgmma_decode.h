@@ -42,7 +42,9 @@ size_t Fp8WgmmaSwapWeightMapsBytes(int32_t num_groups);
 // g's [n, k] e4m3 matrix with row stride ldw bytes (16-byte aligned, ldw a multiple of 16 and
 // >= k). Copies them to device_maps (Fp8WgmmaSwapWeightMapsBytes, 64-byte aligned) on `stream`
 // and waits for the copy: not inside a CUDA graph capture. The descriptors stay valid while the
-// weights stay where they are.
+// weights stay where they are. They are stored in group order, Fp8WgmmaSwapWeightMapsBytes(1)
+// bytes each, so groups encoded by separate calls (other row strides) can be placed one after
+// another in one array (device_maps + Fp8WgmmaSwapWeightMapsBytes(first group)).
 cudaError_t Fp8WgmmaSwapBuildWeightMaps(int32_t num_groups, const uint8_t* const* host_weights,
                                         int64_t n, int64_t k, int64_t ldw, void* device_maps,
                                         cudaStream_t stream);

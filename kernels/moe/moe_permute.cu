@@ -48,10 +48,23 @@ constexpr int64_t kMaxSegments = 2048;
 constexpr int kCombineHoistK = 8;
 
 __device__ __forceinline__ int SlotOf(const MoePermuteParams& p, int64_t i) {
+  if (p.shared_slots > 0) {
+    const int routed = p.top_k - p.shared_slots;
+    const int64_t t = i / p.top_k;
+    const int k = static_cast<int>(i - t * p.top_k);
+    if (k >= routed) return p.num_slots - p.shared_slots + (k - routed);
+    i = t * routed + k;
+  }
   const int e = p.topk_ids[i];
   if (e < 0 || e >= p.num_experts) return -1;
   const int s = p.slot_of_expert[e];
-  return s < p.num_slots ? s : -1;
+  return s < p.num_slots - p.shared_slots ? s : -1;
+}
+
+// The routing weight of choice k of token t (1 for the shared choices).
+__device__ __forceinline__ float ChoiceWeight(const MoeCombineParams& p, int64_t t, int k) {
+  const int routed = p.top_k - p.shared_slots;
+  return k < routed ? p.topk_weights[t * routed + k] : 1.0f;
 }
 
 // Dynamic shared memory: kPlanWarps * num_slots counters, then (cache_slots) one int16 slot
@@ -418,7 +431,7 @@ __device__ void CombineBody(MoeCombineParams p, const T* expert_out) {
   for (int k = 0; k < p.top_k; ++k) {
     const int row = p.choice_row[t * p.top_k + k];
     if (row < 0) continue;
-    const float w = p.topk_weights[t * p.top_k + k];
+    const float w = ChoiceWeight(p, t, k);
     const Cols<T, V> y(expert_out + int64_t{row} * p.hidden_size + c);
     for (int j = 0; j < V; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(w, y.v[j]));
   }
@@ -443,7 +456,7 @@ __device__ void CombineHoistedBody(MoeCombineParams p, const T* expert_out) {
 #pragma unroll
   for (int k = 0; k < kCombineHoistK; ++k) {
     row[k] = k < p.top_k ? p.choice_row[t * p.top_k + k] : -1;
-    w[k] = k < p.top_k ? p.topk_weights[t * p.top_k + k] : 0.0f;
+    w[k] = k < p.top_k ? ChoiceWeight(p, t, k) : 0.0f;
   }
   float y[kCombineHoistK][4] = {};
 #pragma unroll
@@ -524,7 +537,8 @@ int64_t MoePermutePlanWorkspaceBytes(int32_t num_tokens, int32_t top_k, int32_t 
 
 cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
   if (p.num_slots < 1 || p.num_slots > kMaxMoeSlots || p.num_tokens < 0 || p.top_k < 0 ||
-      p.num_experts < 0 || p.hidden_size < 0 || p.row_align < 1) {
+      p.num_experts < 0 || p.hidden_size < 0 || p.row_align < 1 || p.shared_slots < 0 ||
+      p.shared_slots > p.top_k || p.shared_slots >= p.num_slots) {
     return cudaErrorInvalidValue;
   }
   const int64_t choices = int64_t{p.num_tokens} * p.top_k;
@@ -589,7 +603,10 @@ cudaError_t MoePermuteF32(const MoePermuteParams& p, cudaStream_t stream) {
 }
 
 cudaError_t MoeCombineF32(const MoeCombineParams& p, cudaStream_t stream) {
-  if (p.num_tokens < 0 || p.top_k < 0 || p.hidden_size < 0) return cudaErrorInvalidValue;
+  if (p.num_tokens < 0 || p.top_k < 0 || p.hidden_size < 0 || p.shared_slots < 0 ||
+      p.shared_slots > p.top_k) {
+    return cudaErrorInvalidValue;
+  }
   if (p.num_tokens == 0 || p.hidden_size == 0) return cudaSuccess;
   if (p.top_k == 0) {
     if (p.accumulate) return cudaSuccess;

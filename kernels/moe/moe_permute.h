@@ -22,8 +22,13 @@ struct MoePermuteParams {
   int32_t top_k = 0;
   int32_t num_experts = 0;                  // global expert ids are < num_experts
   int32_t num_slots = 0;                    // local slots, 1..kMaxMoeSlots
-  const int32_t* topk_ids = nullptr;        // [num_tokens, top_k]
+  const int32_t* topk_ids = nullptr;        // [num_tokens, top_k - shared_slots]
   const int32_t* slot_of_expert = nullptr;  // [num_experts]: local slot, or -1 (not hosted)
+  // The last shared_slots (>= 0) of a token's top_k choices are not read from topk_ids: choice
+  // top_k - shared_slots + j goes to slot num_slots - shared_slots + j (a shared expert run as
+  // a group of its own that every token takes); the routed choices take the slots below those
+  // (slot_of_expert values from num_slots - shared_slots on count as not hosted).
+  int32_t shared_slots = 0;
   int64_t hidden_size = 0;        // 0: the plan only (counts, offsets, choice_row, row_token)
   const float* hidden = nullptr;  // [num_tokens, hidden_size]
   // Outputs.
@@ -74,7 +79,7 @@ inline int64_t MoePermutedRowsBound(int32_t num_tokens, int32_t top_k, int32_t n
 // > 1), or from kMoeMultiBlockPlanChoices choices with a plan_workspace four (per-block slot
 // counts, their prefix over blocks and slots, the ranks, then the gather one block per token).
 // cudaErrorInvalidValue for num_slots outside 1..kMaxMoeSlots, negative sizes, row_align < 1,
-// or a row bound >= 2^31.
+// shared_slots outside 0..min(top_k, num_slots - 1), or a row bound >= 2^31.
 cudaError_t MoePermuteF32(const MoePermuteParams& params, cudaStream_t stream);
 
 struct MoeCombineParams {
@@ -82,8 +87,11 @@ struct MoeCombineParams {
   int32_t top_k = 0;
   int64_t hidden_size = 0;
   const int32_t* choice_row = nullptr;  // [num_tokens, top_k] from MoePermuteF32
-  const float* topk_weights = nullptr;  // [num_tokens, top_k]
-  const float* expert_out = nullptr;    // [rows, hidden_size], rows in permuted order
+  const float* topk_weights = nullptr;  // [num_tokens, top_k - shared_slots]
+  // The last shared_slots (>= 0) choices of each token (MoePermuteParams::shared_slots) weigh
+  // exactly 1 (not read from topk_weights).
+  int32_t shared_slots = 0;
+  const float* expert_out = nullptr;  // [rows, hidden_size], rows in permuted order
   // If set, the expert outputs are read from here as bf16 bits instead (a bf16-output expert
   // GEMM: half the bytes of this pass), widened exactly to fp32; expert_out is not used.
   const uint16_t* expert_out_bf16 = nullptr;  // [rows, hidden_size]
@@ -93,11 +101,11 @@ struct MoeCombineParams {
   bool accumulate = true;
 };
 
-// out[t, :] (+)= w[t, k] * expert_out[choice_row[t, k], :] summed over k = 0, 1, ... in order,
-// each step an fp32 product then an fp32 sum (never fused), skipping choice_row -1: bit for bit
-// MoeCombineReference (into zeros when !accumulate). With ids ascending within a token (as the
-// noaux_tc router emits them) and slots ascending in expert id, this is also
-// LocalExpertDispatcher::Combine's order.
+// out[t, :] (+)= w[t, k] * expert_out[choice_row[t, k], :] summed over k = 0, 1, ... in order
+// (w 1 for the shared choices), each step an fp32 product then an fp32 sum (never fused),
+// skipping choice_row -1: bit for bit MoeCombineReference (into zeros when !accumulate). With
+// ids ascending within a token (as the noaux_tc router emits them) and slots ascending in expert
+// id, this is also LocalExpertDispatcher::Combine's order.
 cudaError_t MoeCombineF32(const MoeCombineParams& params, cudaStream_t stream);
 
 }  // namespace kernels

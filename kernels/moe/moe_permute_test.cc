@@ -381,6 +381,101 @@ TEST(MoePermuteTest, MultiBlockPlanAndTokenGatherAtPrefillSizes) {
   CheckPaddedPermute(20000, 6, 64, 64, 0, 64, 128, /*bf16=*/true, /*workspace=*/false);
 }
 
+// shared_slots: each token's last `shared` choices go to the last `shared` slots, not read from
+// the ids, and weigh 1 in the combine. Against the reference on the routing written out in full
+// (ids [tokens, top_k + shared] with the shared experts as ids experts .. experts + shared - 1 at
+// slots hosted ..), exactly; the combine bit for bit.
+void CheckSharedSlots(int32_t tokens, int32_t top_k, int32_t experts, int32_t hosted,
+                      int32_t shared, bool workspace) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " top_k " << top_k << " slots "
+                                    << hosted << " shared " << shared << " seed " << seed);
+  const Routing r = MakeRouting(tokens, top_k, experts, hosted, 0, seed);
+  const int32_t all_k = top_k + shared, slots = hosted + shared;
+  std::vector<int32_t> ids, map = r.slot_of_expert;
+  std::vector<float> weights;
+  for (int32_t t = 0; t < tokens; ++t) {
+    for (int32_t k = 0; k < top_k; ++k) {
+      ids.push_back(r.ids[t * top_k + k]);
+      weights.push_back(r.weights[t * top_k + k]);
+    }
+    for (int32_t j = 0; j < shared; ++j) {
+      ids.push_back(experts + j);
+      weights.push_back(1.0f);
+    }
+  }
+  for (int32_t j = 0; j < shared; ++j) map.push_back(hosted + j);
+  const kernels::MoePermutation want = kernels::MoePermuteReference(
+      tokens, all_k, experts + shared, slots, ids.data(), map.data(), 0, nullptr);
+  const int64_t choices = int64_t{tokens} * all_k;
+  DeviceArray<int32_t> dids(r.ids), dmap(r.slot_of_expert);
+  DeviceArray<int32_t> counts(slots), offsets(slots + 1), choice_row(choices), row_token(choices);
+  counts.Poison(), offsets.Poison(), choice_row.Poison(), row_token.Poison();
+  kernels::MoePermuteParams p;
+  p.num_tokens = tokens;
+  p.top_k = all_k;
+  p.shared_slots = shared;
+  p.num_experts = experts;
+  p.num_slots = slots;
+  p.topk_ids = dids.get();
+  p.slot_of_expert = dmap.get();
+  p.slot_counts = counts.get();
+  p.slot_offsets = offsets.get();
+  p.choice_row = choice_row.get();
+  p.row_token = row_token.get();
+  const int64_t ws_bytes =
+      workspace ? kernels::MoePermutePlanWorkspaceBytes(tokens, all_k, slots) : 0;
+  DeviceArray<int32_t> ws(ws_bytes / sizeof(int32_t));
+  p.plan_workspace = ws_bytes > 0 ? ws.get() : nullptr;
+  DEEPINFER_CUDA_OK(kernels::MoePermuteF32(p, nullptr));
+  std::vector<int32_t> got_counts, got_offsets, got_rows, got_tokens;
+  DEEPINFER_CUDA_OK(counts.Download(&got_counts));
+  DEEPINFER_CUDA_OK(offsets.Download(&got_offsets));
+  DEEPINFER_CUDA_OK(choice_row.Download(&got_rows));
+  DEEPINFER_CUDA_OK(row_token.Download(&got_tokens));
+  EXPECT_EQ(got_counts, want.slot_counts);
+  EXPECT_EQ(got_offsets, want.slot_offsets);
+  EXPECT_EQ(got_rows, want.choice_row);
+  got_tokens.resize(want.row_token.size());
+  EXPECT_EQ(got_tokens, want.row_token);
+
+  const int64_t hidden_size = 36;
+  const int32_t rows = want.slot_offsets.back();
+  const auto expert_out = testing::RandomFloats(std::max(rows, 1) * hidden_size, seed + 2);
+  std::vector<float> want_out(size_t(tokens) * hidden_size, 0.0f);
+  kernels::MoeCombineReference(tokens, all_k, hidden_size, want.choice_row.data(), weights.data(),
+                               expert_out.data(), want_out.data());
+  DeviceArray<float> dexpert(expert_out), dw(r.weights), dout(want_out.size());
+  dout.Poison();
+  kernels::MoeCombineParams c;
+  c.num_tokens = tokens;
+  c.top_k = all_k;
+  c.shared_slots = shared;
+  c.hidden_size = hidden_size;
+  c.choice_row = choice_row.get();
+  c.topk_weights = dw.get();
+  c.expert_out = dexpert.get();
+  c.accumulate = false;
+  c.out = dout.get();
+  DEEPINFER_CUDA_OK(kernels::MoeCombineF32(c, nullptr));
+  std::vector<float> got_out;
+  DEEPINFER_CUDA_OK(dout.Download(&got_out));
+  size_t differ = 0;
+  for (size_t i = 0; i < got_out.size(); ++i) {
+    differ += std::memcmp(&got_out[i], &want_out[i], 4) != 0;
+  }
+  EXPECT_EQ(differ, 0u) << "combine elements not bit-identical to the reference";
+}
+
+TEST(MoePermuteTest, SharedSlotsAsExtraChoices) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CheckSharedSlots(128, 6, 64, 64, 2, /*workspace=*/true);    // Moonlight: two shared parts
+  CheckSharedSlots(128, 8, 256, 256, 1, /*workspace=*/true);  // V3: one shared expert
+  CheckSharedSlots(9, 4, 16, 12, 3, /*workspace=*/true);      // a subset of the experts hosted
+  CheckSharedSlots(1000, 6, 64, 64, 2, /*workspace=*/true);   // the multi-block plan
+  CheckSharedSlots(1000, 6, 64, 64, 2, /*workspace=*/false);
+}
+
 TEST(MoePermuteTest, NoTokens) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   CheckPermuteAndCombine(0, 6, 64, 64, 0, 32);
@@ -399,6 +494,9 @@ TEST(MoePermuteTest, RejectsBadSizes) {
   p.num_tokens = 4;
   p.top_k = 2;
   p.row_align = 0;
+  EXPECT_EQ(kernels::MoePermuteF32(p, nullptr), cudaErrorInvalidValue);
+  p.row_align = 1;
+  p.shared_slots = 3;  // more than top_k
   EXPECT_EQ(kernels::MoePermuteF32(p, nullptr), cudaErrorInvalidValue);
   kernels::MoeCombineParams c;
   c.hidden_size = -1;

@@ -35,6 +35,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -290,7 +291,9 @@ class CudaBackend : public Backend {
   // shared_inter a positive multiple of inter, and the size DecodeMoeFusedFor allows:
   // kernels::MoeDecodeFusedF32, two launches reading the routing on the device (no permutation,
   // gather, separate SiLU-mul, combine or shared-expert GEMMs; activations fp32 throughout,
-  // also for the shared MLP). Otherwise false.
+  // also for the shared MLP). FP8 experts: RoutedAndSharedExpertsFp8 (the fused decode kernel
+  // at DecodeMoeFusedFor's sizes, else the swap kernel with the shared MLP as extra groups).
+  // Otherwise false.
   bool RoutedAndSharedExperts(const RoutedExpertsArgs& args) override;
   // Taken (measured faster: the 27-layer decode at one request 2.3694 -> 2.3624 ms) for one row,
   // bf16 weights, hidden_size and inter multiples of 8 and a 16-byte aligned `normed`: AddRmsNorm
@@ -533,13 +536,17 @@ class CudaBackend : public Backend {
     std::unique_ptr<DeviceBuffer> plan, choice_row, row_token, permuted, plan_workspace;
   };
   // !gather: the plan only (plan, choice_row, row_token; no rows gathered, permuted null).
+  // shared_slots S > 0: every token also takes S shared groups after its top-k choices
+  // (kernels::MoePermuteParams::shared_slots): slots E .. E + S - 1, plan = counts [E + S] |
+  // offsets [E + S + 1], choice_row [tokens, top_k + S].
   MoePermutation PermuteRoutedRows(const RoutedExpertsArgs& a, int64_t rows, int32_t row_align,
-                                   bool bf16, bool gather);
+                                   bool bf16, bool gather, int32_t shared_slots = 0);
   // The combine of RoutedExperts' paths: each token's top-k rows of expert_out ([rows, hidden],
   // bf16 bits with `bf16`, else fp32), weighted, written over a.out (no memset pass; the same bits
   // as adding into zeros).
+  // shared_slots: PermuteRoutedRows' (the shared groups' rows added with weight 1).
   void CombineExpertRows(const RoutedExpertsArgs& a, const MoePermutation& perm,
-                         const DeviceBuffer& expert_out, bool bf16);
+                         const DeviceBuffer& expert_out, bool bf16, int32_t shared_slots = 0);
   // RoutedExperts' device path for MXFP4 experts (cuda_backend_mxfp4.cc; where
   // Mxfp4ExpertsOnCublas is false): without host synchronisation, bf16 rows through
   // kernels::Mxfp4MmaGroupedGemm (gate_up fp32, SiluMulF32ToBf16 or, with a clamp, gate_up rounded
@@ -577,6 +584,40 @@ class CudaBackend : public Backend {
   // (nothing launched) where it is not taken: the mode, the device, the sizes, or the weight
   // descriptors not built (a capture before the table's first eager call).
   bool RoutedExpertsFp8Swap(const RoutedExpertsArgs& a, int64_t rows);
+  // The groups one pass of the swap kernel runs: the routed experts (shared_parts 0), or the
+  // routed experts then the shared MLP's shared_parts parts of inter each (groups E .. E + S - 1,
+  // every token's rows with weight 1), with their weight descriptors and device scale tables.
+  struct Fp8SwapGroups {
+    int32_t num_groups = 0;
+    int32_t shared_parts = 0;
+    const void* gate_up_maps = nullptr;
+    const void* down_maps = nullptr;
+    const float* const* gate_up_scales = nullptr;
+    const float* const* down_scales = nullptr;
+  };
+  // Whether the swap kernel takes a's sizes with num_groups groups (the mode, the device, the
+  // token count, the layout; checked before any descriptor is built or scratch taken).
+  bool Fp8SwapTakes(const RoutedExpertsArgs& a, int32_t num_groups);
+  // The swap path over g from the plan to the combine into a.out (RoutedExpertsFp8Swap's
+  // steps), `rows` the permuted rows' bound, timed as `phase`.
+  void RunFp8SwapGroups(const RoutedExpertsArgs& a, int64_t rows, const Fp8SwapGroups& g,
+                        const char* phase);
+  // RoutedAndSharedExperts with FP8 experts where the swap kernel runs the routed experts
+  // (cuda_backend_fp8_shared.cc): the shared MLP as S = shared_inter / inter more groups of the
+  // same GEMMs (SGLang's shared-experts fusion) instead of its own quantise, GEMMs and SiLU-mul.
+  // false (nothing launched) where RoutedExperts would not take the swap kernel, for S > 32 -
+  // top_k or E + S > kernels::kMaxMoeSlots, or where the shared groups are not built (a capture
+  // before the layer's first eager call, or their memory not had).
+  bool RoutedAndSharedExpertsFp8Swap(const RoutedExpertsArgs& a);
+  // The shared groups of a's layer with its routed experts: each part's gate_up [2 inter,
+  // hidden] (the shared gate_up itself for S = 1, else a copy of its gate and up rows) and down
+  // [hidden, inter] (columns of the shared down, in place), their block scales copied into the
+  // routed experts' layout (scale_ld, split_rows inter), the scale tables and descriptors over
+  // E + S groups. Built (a host
+  // synchronisation) at the first call with these weights outside a capture and kept until the
+  // backend goes (the copies assume the weights are not rewritten in place); null where not
+  // built.
+  const Fp8SwapGroups* Fp8SwapSharedGroups(const RoutedExpertsArgs& a);
   // The swap kernel's weight descriptors of one expert table (device `table`, its host copy
   // host_table [num_experts], each matrix [n, k]): built (a host synchronisation) at the first
   // call with these pointers outside a capture, kept until the backend goes; null where not built.
@@ -643,7 +684,9 @@ class CudaBackend : public Backend {
   // RoutedAndSharedExperts and NormedDenseMlp (no routed experts) launch through it.
   void LaunchMoeDecodeFused(kernels::MoeDecodeFusedParams p);
   // RoutedAndSharedExperts / NormedDenseMlp on FP8 matrices (cuda_backend_fp8.cc):
-  // kernels::MoeDecodeFusedFp8 through LaunchMoeDecodeFusedFp8 (the act workspace from scratch).
+  // kernels::MoeDecodeFusedFp8 through LaunchMoeDecodeFusedFp8 (the act workspace from scratch)
+  // at DecodeMoeFusedFor's sizes; RoutedAndSharedExperts at other sizes through
+  // RoutedAndSharedExpertsFp8Swap.
   bool RoutedAndSharedExpertsFp8(const RoutedExpertsArgs& a);
   bool NormedDenseMlpFp8(const DenseMlpArgs& a);
   void LaunchMoeDecodeFusedFp8(kernels::MoeDecodeFusedFp8Params p);
@@ -705,6 +748,14 @@ class CudaBackend : public Backend {
     std::vector<const void*> weights;
   };
   std::map<std::tuple<const void*, int64_t, int64_t>, Fp8SwapMaps> fp8_swap_maps_;
+  // Fp8SwapSharedGroups' by (routed gate_up table, shared gate_up), with what they were built
+  // from; storage (cudaMalloc'ed) holds the descriptors, tables, scales and copies.
+  struct Fp8SwapShared {
+    std::vector<intptr_t> built_from;
+    void* storage = nullptr;
+    Fp8SwapGroups groups;
+  };
+  std::map<std::pair<const void*, const void*>, Fp8SwapShared> fp8_swap_shared_;
   std::map<std::string, OpTotal> op_totals_;
   // kChunked, or kPerExpert once cuBLAS has refused the batched call (ExpertGemms).
   kernels::ExpertGemmCublasAlgo expert_gemm_algo_ = kernels::ExpertGemmCublasAlgo::kChunked;

@@ -463,24 +463,20 @@ const void* CudaBackend::Fp8SwapWeightMaps(const void* const* table, const void*
   return maps.device;
 }
 
-bool CudaBackend::RoutedExpertsFp8Swap(const RoutedExpertsArgs& a, int64_t rows) {
+bool CudaBackend::Fp8SwapTakes(const RoutedExpertsArgs& a, int32_t num_groups) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
-  const int32_t E = a.num_experts;
   if (tuning_.batch_invariant || T < tuning_.fp8_swap_min_tokens || H % 128 != 0 || I % 128 != 0 ||
       K > 32 || !Aligned16(a.hidden) || !kernels::Fp8WgmmaSwapDeviceSupports()) {
     return false;
   }
   kernels::Fp8WgmmaSwapGroupedGemmParams gu, dn;
-  gu.num_groups = dn.num_groups = E;
-  gu.max_rows = dn.max_rows = static_cast<int32_t>(rows);
-  // A token's top-k experts are distinct: T rows at most in one expert, T * K / E on average.
-  gu.rows_per_group_hint = dn.rows_per_group_hint =
-      static_cast<int32_t>(std::min<int64_t>(T, std::max<int64_t>(1, (T * K + E - 1) / E)));
+  gu.num_groups = dn.num_groups = num_groups;
+  gu.max_rows = dn.max_rows = 1;
   gu.n = 2 * I, gu.k = H, gu.lda = H;
-  gu.scales = a.gate_up_scales, gu.scale_ld = a.gate_up_scale_ld, gu.split_rows = I;
+  gu.scale_ld = a.gate_up_scale_ld, gu.split_rows = I;
   gu.ldc = 2 * I;
   dn.n = H, dn.k = I, dn.lda = I;
-  dn.scales = a.down_scales, dn.scale_ld = a.down_scale_ld, dn.split_rows = 0;
+  dn.scale_ld = a.down_scale_ld, dn.split_rows = 0;
   dn.ldc = H;
   // The layout checked before the descriptors are built or any scratch is taken (the scratch is
   // 64-byte aligned).
@@ -489,17 +485,51 @@ bool CudaBackend::RoutedExpertsFp8Swap(const RoutedExpertsArgs& a, int64_t rows)
     p->offsets = reinterpret_cast<const int32_t*>(kProbe);
     p->a = reinterpret_cast<const uint8_t*>(kProbe), p->a_scales = kProbe;
     p->weight_maps = kProbe, p->c = const_cast<float*>(kProbe);
+    p->scales = reinterpret_cast<const float* const*>(kProbe);
     if (!kernels::Fp8WgmmaSwapGroupedGemmSupports(*p)) return false;
   }
-  gu.weight_maps = Fp8SwapWeightMaps(a.gate_up, a.gate_up_host, E, 2 * I, H);
-  dn.weight_maps = Fp8SwapWeightMaps(a.down, a.down_host, E, H, I);
-  if (gu.weight_maps == nullptr || dn.weight_maps == nullptr) return false;
-  // The plan only: the token rows go straight from a.hidden into their experts' quantised rows.
+  return true;
+}
+
+bool CudaBackend::RoutedExpertsFp8Swap(const RoutedExpertsArgs& a, int64_t rows) {
+  const int32_t E = a.num_experts;
+  if (!Fp8SwapTakes(a, E)) return false;
+  Fp8SwapGroups g;
+  g.num_groups = E;
+  g.gate_up_maps = Fp8SwapWeightMaps(a.gate_up, a.gate_up_host, E, 2 * a.inter, a.hidden_size);
+  g.down_maps = Fp8SwapWeightMaps(a.down, a.down_host, E, a.hidden_size, a.inter);
+  if (g.gate_up_maps == nullptr || g.down_maps == nullptr) return false;
+  g.gate_up_scales = a.gate_up_scales;
+  g.down_scales = a.down_scales;
+  RunFp8SwapGroups(a, rows, g, "RoutedExpertsFp8Mma/wgmma-swap");
+  return true;
+}
+
+void CudaBackend::RunFp8SwapGroups(const RoutedExpertsArgs& a, int64_t rows, const Fp8SwapGroups& g,
+                                   const char* phase_name) {
+  const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
+  const int32_t E = a.num_experts, S = g.shared_parts;
+  kernels::Fp8WgmmaSwapGroupedGemmParams gu, dn;
+  gu.num_groups = dn.num_groups = g.num_groups;
+  gu.max_rows = dn.max_rows = static_cast<int32_t>(rows);
+  // A token's top-k experts are distinct: T rows at most in one expert, T * K / E on average (a
+  // shared group's T rows run in several chunks).
+  gu.rows_per_group_hint = dn.rows_per_group_hint =
+      static_cast<int32_t>(std::min<int64_t>(T, std::max<int64_t>(1, (T * K + E - 1) / E)));
+  gu.n = 2 * I, gu.k = H, gu.lda = H;
+  gu.scales = g.gate_up_scales, gu.scale_ld = a.gate_up_scale_ld, gu.split_rows = I;
+  gu.ldc = 2 * I;
+  dn.n = H, dn.k = I, dn.lda = I;
+  dn.scales = g.down_scales, dn.scale_ld = a.down_scale_ld, dn.split_rows = 0;
+  dn.ldc = H;
+  gu.weight_maps = g.gate_up_maps;
+  dn.weight_maps = g.down_maps;
+  // The plan only: the token rows go straight from a.hidden into their groups' quantised rows.
   const MoePermutation perm =
-      PermuteRoutedRows(a, rows, /*row_align=*/1, /*bf16=*/true, /*gather=*/false);
-  const int32_t* offsets = perm.plan->as<int32_t>() + E;
+      PermuteRoutedRows(a, rows, /*row_align=*/1, /*bf16=*/true, /*gather=*/false, S);
+  const int32_t* offsets = perm.plan->as<int32_t>() + g.num_groups;
   gu.offsets = dn.offsets = offsets;
-  PhaseTimer phase(this, "RoutedExpertsFp8Mma/wgmma-swap", true);
+  PhaseTimer phase(this, phase_name, true);
   const int64_t width = std::max(H, I);
   auto q = AllocateScratch(rows * width);
   auto q_scales = AllocateScratch(rows * kernels::Fp8ScaleCols(width) * sizeof(float));
@@ -507,13 +537,13 @@ bool CudaBackend::RoutedExpertsFp8Swap(const RoutedExpertsArgs& a, int64_t rows)
   auto expert_out = AllocateScratch(rows * H * sizeof(float));
   // Each group's rows quantised with their scales packed for the group (Fp8QuantizeRows'
   // grouped layout, which the swap kernel reads). The rows are those of a bf16 gather (each
-  // token row rounded to bf16, then quantised once and written to its top-k experts' rows) and
-  // of SiluMulF32ToBf16's product; row_align 1: no group padding rows.
+  // token row rounded to bf16, then quantised once and written to its groups' rows) and of
+  // SiluMulF32ToBf16's product; row_align 1: no group padding rows.
   kernels::Fp8QuantizeParams qp;
   qp.m = T, qp.k = H, qp.a = a.hidden, qp.round_bf16 = true, qp.lda = H;
   qp.q = q->as<uint8_t>(), qp.ldq = H, qp.scales = q_scales->as<float>(), qp.m_pad = T;
-  qp.group_offsets = offsets, qp.num_groups = E;
-  qp.dest_rows = perm.choice_row->as<int32_t>(), qp.dests_per_row = static_cast<int32_t>(K);
+  qp.group_offsets = offsets, qp.num_groups = g.num_groups;
+  qp.dest_rows = perm.choice_row->as<int32_t>(), qp.dests_per_row = static_cast<int32_t>(K + S);
   Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(gate_up)");
   gu.a = q->as<uint8_t>(), gu.a_scales = q_scales->as<float>(), gu.c = gate_up->as<float>();
   Check(kernels::Fp8WgmmaSwapGroupedGemm(gu, stream_), "kernels::Fp8WgmmaSwapGroupedGemm(gate_up)");
@@ -523,8 +553,7 @@ bool CudaBackend::RoutedExpertsFp8Swap(const RoutedExpertsArgs& a, int64_t rows)
   Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(silu_mul)");
   dn.a = q->as<uint8_t>(), dn.a_scales = q_scales->as<float>(), dn.c = expert_out->as<float>();
   Check(kernels::Fp8WgmmaSwapGroupedGemm(dn, stream_), "kernels::Fp8WgmmaSwapGroupedGemm(down)");
-  CombineExpertRows(a, perm, *expert_out, /*bf16=*/false);
-  return true;
+  CombineExpertRows(a, perm, *expert_out, /*bf16=*/false, S);
 }
 
 bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
@@ -588,10 +617,11 @@ bool CudaBackend::RoutedExpertsFp8(const RoutedExpertsArgs& a) {
 }
 
 bool CudaBackend::RoutedAndSharedExpertsFp8(const RoutedExpertsArgs& a) {
-  if (tuning_.batch_invariant || !DecodeMoeFusedFor(a.num_tokens, a.hidden_size) || a.top_k < 1 ||
-      a.num_experts < 1 || a.inter <= 0 || a.inter % 16 != 0 || a.hidden_size % 16 != 0 ||
-      !FitsInt(a.hidden_size) || !FitsInt(a.inter) || a.shared_inter <= 0 ||
-      a.shared_inter % a.inter != 0 || a.shared_gate_up == nullptr || a.shared_down == nullptr ||
+  if (!DecodeMoeFusedFor(a.num_tokens, a.hidden_size)) return RoutedAndSharedExpertsFp8Swap(a);
+  if (tuning_.batch_invariant || a.top_k < 1 || a.num_experts < 1 || a.inter <= 0 ||
+      a.inter % 16 != 0 || a.hidden_size % 16 != 0 || !FitsInt(a.hidden_size) ||
+      !FitsInt(a.inter) || a.shared_inter <= 0 || a.shared_inter % a.inter != 0 ||
+      a.shared_gate_up == nullptr || a.shared_down == nullptr ||
       a.top_k + a.shared_inter / a.inter > kernels::kMoeDecodeFusedMaxParts ||
       a.gate_up_scales == nullptr || a.down_scales == nullptr ||
       a.gate_up_scale_ld < kernels::Fp8ScaleCols(a.hidden_size) ||

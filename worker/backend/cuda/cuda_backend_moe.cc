@@ -126,9 +126,9 @@ void CudaBackend::AccumulateExpertCounts(int64_t n, const int32_t* ids, int64_t 
 
 CudaBackend::MoePermutation CudaBackend::PermuteRoutedRows(const RoutedExpertsArgs& a, int64_t rows,
                                                            int32_t row_align, bool bf16,
-                                                           bool gather) {
-  const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size;
-  const int32_t E = a.num_experts;
+                                                           bool gather, int32_t shared_slots) {
+  const int64_t T = a.num_tokens, K = a.top_k + shared_slots, H = a.hidden_size;
+  const int32_t E = a.num_experts + shared_slots;
   MoePermutation m;
   // Counts then offsets in one buffer, so the host paths copy both back at once.
   m.plan = Allocate((2 * E + 1) * sizeof(int32_t));
@@ -138,8 +138,9 @@ CudaBackend::MoePermutation CudaBackend::PermuteRoutedRows(const RoutedExpertsAr
   kernels::MoePermuteParams p;
   p.num_tokens = static_cast<int32_t>(T);
   p.top_k = static_cast<int32_t>(K);
-  p.num_experts = E;
+  p.num_experts = a.num_experts;
   p.num_slots = E;
+  p.shared_slots = shared_slots;
   p.topk_ids = a.topk_ids;
   p.slot_of_expert = a.slot_of_expert;
   p.hidden_size = gather ? H : 0;  // 0: the plan only
@@ -166,10 +167,12 @@ CudaBackend::MoePermutation CudaBackend::PermuteRoutedRows(const RoutedExpertsAr
 }
 
 void CudaBackend::CombineExpertRows(const RoutedExpertsArgs& a, const MoePermutation& perm,
-                                    const DeviceBuffer& expert_out, bool bf16) {
+                                    const DeviceBuffer& expert_out, bool bf16,
+                                    int32_t shared_slots) {
   kernels::MoeCombineParams c;
   c.num_tokens = static_cast<int32_t>(a.num_tokens);
-  c.top_k = static_cast<int32_t>(a.top_k);
+  c.top_k = static_cast<int32_t>(a.top_k) + shared_slots;
+  c.shared_slots = shared_slots;
   c.hidden_size = a.hidden_size;
   c.choice_row = perm.choice_row->as<int32_t>();
   c.topk_weights = a.topk_weights;

@@ -1,0 +1,322 @@
+// CudaBackend::RoutedAndSharedExperts with FP8 routed and shared experts at the swap kernel's
+// token counts (kernels::Fp8WgmmaSwapGroupedGemm, W8A8): the shared MLP run as S = shared_inter /
+// inter more groups of the routed experts' GEMMs. Against a host reference in double on the
+// dequantised weights: out[t] = sum_k w[t, k] MLP_e(x_t) + the shared MLP of x_t, each GEMM's
+// activations quantised to e4m3 per 128-wide block as the W8A8 path reads them (on the host,
+// with the loader's e4m3 encoder), the token rows rounded to bf16 first. The tolerance is the
+// routed swap path's (CudaFp8SwapRoutedExpertsTest in cuda_backend_fp8_test.cc), the shared
+// MLP's S parts each counted as a choice of weight 1. S = 1 (DeepSeek-V3's layout: the shared
+// matrices are the part) and S = 2 (Moonlight's: parts copied out of the shared matrices), the
+// shared scales with a wider row stride than the routed experts'. The op timing report shows
+// the path taken. Skips without compute capability 9.0.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/gemm/fp8_block_gemm.h"
+#include "kernels/gemm/fp8_mma_gemm.h"
+#include "kernels/gemm/fp8_wgmma_decode.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "worker/backend/bf16.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/cuda_backend_test_fixture.h"
+#include "worker/model/dtype_conversion.h"
+
+namespace deepinfer {
+namespace {
+
+using testing::CallsOf;
+using testing::CudaBackendTest;
+
+// A random FP8 matrix [n, k] (stacked at split rows, 0: not) on the device with scale rows of
+// stride scale_ld (zero padding), and its dequantised values on the host.
+struct Fp8Matrix {
+  int64_t n = 0, k = 0, split = 0, scale_ld = 0;
+  std::vector<double> dequant;  // [n, k]
+  std::unique_ptr<DeviceBuffer> data, scales;
+  Fp8BlockScales fp8() const { return Fp8BlockScales{scales->as<float>(), scale_ld, split}; }
+};
+
+// An MLP of intermediate size inter on the host: gate_up [2 inter, H] (gate rows, then up rows),
+// down [H, inter], row-major dequantised values.
+struct HostMlp {
+  int64_t inter = 0;
+  std::vector<double> gate_up, down;
+};
+
+// The activations as the W8A8 path reads them: per row and 128-wide block, s = max(amax / 448,
+// FLT_MIN) and e4m3(x / s) * s.
+std::vector<double> Quantised(const std::vector<float>& a) {
+  std::vector<double> x(a.size());
+  for (size_t p0 = 0; p0 < a.size(); p0 += 128) {
+    const size_t p1 = std::min(a.size(), p0 + 128);
+    float amax = 0.0f;
+    for (size_t p = p0; p < p1; ++p) amax = std::max(amax, std::fabs(a[p]));
+    const float s = std::max(amax / 448.0f, FLT_MIN);
+    for (size_t p = p0; p < p1; ++p) {
+      x[p] = static_cast<double>(F8E4M3ToFloat(FloatToF8E4M3(a[p] / s))) * s;
+    }
+  }
+  return x;
+}
+
+// The W8A8 bound of a k-long sum (cuda_backend_fp8_test's Bound for kW8A8): fp32 sums with
+// (k + 64) roundings, FP8 tensor-core accumulation 2^-8 of sum |.|.
+double Bound(int64_t k, double mag, double want) {
+  return (k + 64) * std::ldexp(mag + std::abs(want), -24) + 1e-30 + std::ldexp(mag, -8);
+}
+
+// y = W x for one quantised row x, with sum |.| per output.
+void HostGemv(const std::vector<double>& x, const double* w, int64_t n, int64_t k,
+              std::vector<double>* y, std::vector<double>* mag) {
+  y->assign(n, 0.0);
+  mag->assign(n, 0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    double s = 0, g = 0;
+    for (int64_t p = 0; p < k; ++p) {
+      const double prod = x[p] * w[j * k + p];
+      s += prod;
+      g += std::abs(prod);
+    }
+    (*y)[j] = s;
+    (*mag)[j] = g;
+  }
+}
+
+class CudaFp8SharedSwapTest : public CudaBackendTest {
+ protected:
+  static constexpr int64_t E = 16, K = 4, H = 256, I = 128;
+
+  void SetUp() override {
+    CudaBackendTest::SetUp();
+    if (IsSkipped()) return;
+    if (!kernels::Fp8WgmmaSwapDeviceSupports() || !kernels::Fp8MmaGemmAvailable()) {
+      GTEST_SKIP() << "no FP8 wgmma on this device";
+    }
+  }
+
+  Fp8Matrix RandomFp8(int64_t n, int64_t k, int64_t split, int64_t scale_ld, std::mt19937* gen) {
+    Fp8Matrix m;
+    m.n = n, m.k = k, m.split = split, m.scale_ld = scale_ld;
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> exponent(-9.0f, -5.0f);
+    std::vector<uint8_t> bytes(n * k);
+    for (uint8_t& b : bytes) {
+      do {
+        b = static_cast<uint8_t>(byte(*gen));
+      } while ((b & 0x7F) == 0x7F);  // NaN
+    }
+    const int64_t cols = kernels::Fp8ScaleCols(k);
+    std::vector<float> scales(kernels::Fp8ScaleRows(n, split) * scale_ld, 0.0f);
+    for (size_t i = 0; i < scales.size(); ++i) {
+      if (static_cast<int64_t>(i) % scale_ld < cols) scales[i] = std::exp2(exponent(*gen));
+    }
+    m.dequant.resize(n * k);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t p = 0; p < k; ++p) {
+        m.dequant[j * k + p] = static_cast<double>(F8E4M3ToFloat(bytes[j * k + p])) *
+                               scales[kernels::Fp8ScaleRow(j, split) * scale_ld + p / 128];
+      }
+    }
+    m.data = gpu_->Allocate(bytes.size());
+    gpu_->CopyToDevice(bytes.data(), bytes.size(), m.data->data());
+    m.scales = Upload(scales);
+    return m;
+  }
+
+  // Adds weight * MLP(x) of one choice to want and its bound to tol (the routed swap test's
+  // terms: gate_up's bound carried through silu(g) * u, one e4m3 step (2^-3) twice of the
+  // largest down product for the quantised act, a block scale following its largest act, and
+  // down's own bound).
+  static void AddChoice(const std::vector<float>& x_bf16, const HostMlp& m, double weight,
+                        std::vector<double>* want, std::vector<double>* tol) {
+    const int64_t inter = m.inter;
+    const double step = std::ldexp(1.0, -3);
+    std::vector<double> g, gmag;
+    HostGemv(Quantised(x_bf16), m.gate_up.data(), 2 * inter, H, &g, &gmag);
+    std::vector<float> act(inter);
+    std::vector<double> dact(inter);
+    double act_max = 0, dact_max = 0;
+    for (int64_t i = 0; i < inter; ++i) {
+      const double gate = g[i], up = g[inter + i];
+      const double sg = gate / (1.0 + std::exp(-gate));
+      const double dg = Bound(H, gmag[i], gate), du = Bound(H, gmag[inter + i], up);
+      act[i] = static_cast<float>(sg * up);
+      dact[i] = 1.1 * dg * (std::abs(up) + du) + std::abs(sg) * du;
+      act_max = std::max(act_max, std::abs(static_cast<double>(act[i])));
+      dact_max = std::max(dact_max, dact[i]);
+    }
+    std::vector<double> y, ymag;
+    HostGemv(Quantised(act), m.down.data(), H, inter, &y, &ymag);
+    for (int64_t h = 0; h < H; ++h) {
+      double largest = 0, carried = 0;
+      for (int64_t i = 0; i < inter; ++i) {
+        const double wv = std::abs(m.down[h * inter + i]);
+        largest = std::max(largest, std::abs(static_cast<double>(act[i])) * wv);
+        carried += wv * dact[i];
+      }
+      const double rescaled = act_max > 0 ? dact_max / act_max * ymag[h] : 0.0;
+      (*want)[h] += weight * y[h];
+      (*tol)[h] += weight * (2 * step * largest + carried + rescaled + Bound(inter, ymag[h], y[h]));
+    }
+  }
+
+  // RoutedAndSharedExperts at T tokens with a shared MLP of S * inter; replayed from a CUDA graph
+  // after an eager call (the model's warm-up, which builds the shared groups) with `graph`.
+  void Run(int32_t T, int64_t S, bool graph) {
+    const uint32_t seed = testing::FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " tokens " << T << " shared parts " << S
+                                      << (graph ? " replayed" : " eager"));
+    std::mt19937 gen(seed);
+    // A backend per case: it keeps a layer's shared groups by the weights' addresses, which a
+    // later case's fresh weights may take again.
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+    const int64_t SI = S * I;
+    // Expert e in slot E - 1 - e: the device and host tables are in slot order.
+    std::vector<Fp8Matrix> gu, dn;
+    std::vector<int32_t> slots(E);
+    std::vector<const void*> gu_slot(E), dn_slot(E), gus_slot(E), dns_slot(E);
+    for (int32_t e = 0; e < E; ++e) {
+      gu.push_back(RandomFp8(2 * I, H, I, kernels::Fp8ScaleLd(H), &gen));
+      dn.push_back(RandomFp8(H, I, 0, kernels::Fp8ScaleLd(I), &gen));
+      slots[e] = static_cast<int32_t>(E - 1 - e);
+      gu_slot[slots[e]] = gu.back().data->data();
+      dn_slot[slots[e]] = dn.back().data->data();
+      gus_slot[slots[e]] = gu.back().scales->data();
+      dns_slot[slots[e]] = dn.back().scales->data();
+    }
+    // The shared scales' rows 4 wider than the loader's stride: the parts' scales are moved to
+    // the routed experts' stride.
+    const Fp8Matrix shared_gu = RandomFp8(2 * SI, H, SI, kernels::Fp8ScaleLd(H) + 4, &gen);
+    const Fp8Matrix shared_dn = RandomFp8(H, SI, 0, kernels::Fp8ScaleLd(SI) + 4, &gen);
+    auto table = [&](const std::vector<const void*>& v) {
+      auto b = gpu_->Allocate(v.size() * sizeof(void*));
+      gpu_->CopyToDevice(v.data(), v.size() * sizeof(void*), b->data());
+      return b;
+    };
+    auto t_gu = table(gu_slot), t_dn = table(dn_slot), t_gus = table(gus_slot),
+         t_dns = table(dns_slot);
+    const std::vector<float> x = testing::RandomFloats(T * H, seed);
+    std::vector<int32_t> ids(T * K);
+    std::vector<float> wts(T * K);
+    std::uniform_real_distribution<float> uw(0.1f, 1.0f);
+    for (int32_t t = 0; t < T; ++t) {
+      std::vector<int32_t> all(E);
+      for (int32_t e = 0; e < E; ++e) all[e] = e;
+      std::shuffle(all.begin(), all.end(), gen);
+      std::sort(all.begin(), all.begin() + K);
+      for (int64_t k = 0; k < K; ++k) {
+        ids[t * K + k] = all[k];
+        wts[t * K + k] = uw(gen);
+      }
+    }
+    auto dx = Upload(x), dw = Upload(wts);
+    auto dids = gpu_->Allocate(ids.size() * 4), dslots = gpu_->Allocate(E * 4);
+    gpu_->CopyToDevice(ids.data(), ids.size() * 4, dids->data());
+    gpu_->CopyToDevice(slots.data(), E * 4, dslots->data());
+    auto out = Poisoned(T * H);
+    RoutedExpertsArgs a;
+    a.num_tokens = T;
+    a.top_k = K;
+    a.num_experts = E;
+    a.hidden_size = H;
+    a.inter = I;
+    a.hidden = dx->as<float>();
+    a.topk_ids = dids->as<int32_t>();
+    a.topk_weights = dw->as<float>();
+    a.slot_of_expert = dslots->as<int32_t>();
+    a.gate_up = static_cast<const void* const*>(t_gu->data());
+    a.down = static_cast<const void* const*>(t_dn->data());
+    a.gate_up_host = gu_slot.data();
+    a.down_host = dn_slot.data();
+    a.gate_up_scales = static_cast<const float* const*>(t_gus->data());
+    a.down_scales = static_cast<const float* const*>(t_dns->data());
+    a.gate_up_scale_ld = kernels::Fp8ScaleLd(H);
+    a.down_scale_ld = kernels::Fp8ScaleLd(I);
+    a.dtype = WeightDType::kFp8E4M3;
+    a.shared_inter = SI;
+    a.shared_gate_up = shared_gu.data->data();
+    a.shared_down = shared_dn.data->data();
+    a.shared_gate_up_fp8 = shared_gu.fp8();
+    a.shared_down_fp8 = shared_dn.fp8();
+    a.out = out->as<float>();
+
+    // The eager call: the shared groups built, the fused path taken (one op, one swap pass, no
+    // routed-only op).
+    gpu_->SetOpTiming(true);
+    ASSERT_TRUE(gpu_->RoutedAndSharedExperts(a));
+    ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+    const std::string report = gpu_->TakeOpTimingReport();
+    gpu_->SetOpTiming(false);
+    EXPECT_EQ(CallsOf(report, "RoutedAndSharedExpertsFp8Swap"), 1) << report;
+    EXPECT_EQ(CallsOf(report, "RoutedAndSharedExpertsFp8Swap/wgmma-swap"), 1) << report;
+    EXPECT_EQ(CallsOf(report, "RoutedExpertsFp8Mma"), -1) << report;
+    if (graph) {
+      ASSERT_EQ(cudaMemset(out->data(), 0xFF, T * H * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::unique_ptr<CapturedOps> ops = Record([&] { return gpu_->RoutedAndSharedExperts(a); });
+      ASSERT_NE(ops, nullptr);
+      ASSERT_TRUE(ops->Replay().ok());
+      ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+    }
+    const std::vector<float> got = Download(*out);
+
+    std::vector<HostMlp> routed(E);
+    for (int32_t e = 0; e < E; ++e) routed[e] = HostMlp{I, gu[e].dequant, dn[e].dequant};
+    // The shared MLP's parts: gate rows p * I .., up rows SI + p * I .., down columns p * I ..
+    // (their outputs sum to the shared MLP's).
+    std::vector<HostMlp> parts(S);
+    for (int64_t p = 0; p < S; ++p) {
+      HostMlp& m = parts[p];
+      m.inter = I;
+      const auto& sg = shared_gu.dequant;
+      m.gate_up.assign(sg.begin() + p * I * H, sg.begin() + (p + 1) * I * H);
+      m.gate_up.insert(m.gate_up.end(), sg.begin() + (SI + p * I) * H,
+                       sg.begin() + (SI + (p + 1) * I) * H);
+      m.down.resize(H * I);
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t i = 0; i < I; ++i) m.down[h * I + i] = shared_dn.dequant[h * SI + p * I + i];
+      }
+    }
+    for (int32_t t = 0; t < T; ++t) {
+      std::vector<float> xt(x.begin() + t * H, x.begin() + (t + 1) * H);
+      for (float& v : xt) v = RoundToBf16(v);  // the swap path quantises the bf16 token rows
+      std::vector<double> want(H, 0.0), tol(H, 0.0);
+      for (int64_t k = 0; k < K; ++k) {
+        AddChoice(xt, routed[ids[t * K + k]], wts[t * K + k], &want, &tol);
+      }
+      for (const HostMlp& m : parts) AddChoice(xt, m, 1.0, &want, &tol);
+      for (int64_t h = 0; h < H; ++h) {
+        ASSERT_LE(std::abs(got[t * H + h] - want[h]), tol[h] + 1e-6)
+            << "token " << t << " column " << h << " got " << got[t * H + h] << " want " << want[h];
+      }
+    }
+  }
+};
+
+TEST_F(CudaFp8SharedSwapTest, OneSharedPart) {
+  Run(8, 1, false);
+  Run(128, 1, false);
+}
+
+TEST_F(CudaFp8SharedSwapTest, TwoSharedParts) {
+  Run(8, 2, false);
+  Run(128, 2, false);
+}
+
+TEST_F(CudaFp8SharedSwapTest, ReplayedFromACudaGraph) {
+  Run(8, 2, true);
+  Run(128, 1, true);
+}
+
+}  // namespace
+}  // namespace deepinfer
