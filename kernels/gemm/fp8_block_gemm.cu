@@ -9,6 +9,7 @@
 #include "kernels/common/launch.cuh"
 #include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/fp8_block_gemm.h"
+#include "kernels/gemm/fp8_block_gemm_vec.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One and two activation rows (decode), 16-byte aligned: a warp owns kVecCols adjacent weight
+// Fp8GemvForm::kOneBatch: one and two activation rows (decode), 16-byte aligned: a warp owns kVecCols adjacent weight
 // rows (output columns) at once, so each activation chunk it loads serves kVecCols weight rows,
 // and a lane issues the 16-byte loads of kVecChunks chunks of every one of them (128 bytes)
 // before it uses any. A row's k chunks are split over `ksplit` warps of the block (chunk q to
@@ -467,6 +468,11 @@ template <bool kBf16A, bool kVec>
 cudaError_t LaunchSmallMRows(const Fp8SmallMGemmParams& p, int64_t row0, int rows, int ksplit,
                              cudaStream_t stream) {
   if constexpr (kVec) {
+    if (rows <= 2 && p.gemv_form != Fp8GemvForm::kOneBatch) {
+      const bool one_chunk = p.gemv_form == Fp8GemvForm::kPipelined1 ||
+                             (p.gemv_form == Fp8GemvForm::kAuto && rows == 2);
+      return Fp8PipelinedGemv(p, row0, rows, one_chunk ? 1 : 2, stream);
+    }
     if (rows <= 1) return LaunchSmallMVec<1, kBf16A>(p, row0, rows, stream);
     if (rows <= 2) return LaunchSmallMVec<2, kBf16A>(p, row0, rows, stream);
   } else {
