@@ -99,6 +99,9 @@ struct Fp8SmallMGemmParams {
   int64_t ldc = 0;
   bool accumulate = false;
   Fp8GemvForm gemv_form = Fp8GemvForm::kAuto;
+  // The pipelined forms' warps per 4-row group (1, 2, 4 or 8); 0 (or another value): the
+  // launch's choice, the least modelled time for the grid of one wave.
+  int gemv_ksplit = 0;
 };
 
 // Whether Fp8SmallMGemm takes these arguments: m, n, k >= 1 and in int range, non-null

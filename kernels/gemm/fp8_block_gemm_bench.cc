@@ -14,7 +14,8 @@
 // `--decode`: only the decode GEMVs at m = 1 and 2 (Moonlight's q_proj, kv_a and o_proj,
 // DeepSeek-V3's q_a, q_b, o_proj, kv_a, the dense MLP's gate_up and down and the shared expert's
 // gate_up and down): Fp8SmallMGemm in its default form, then each Fp8GemvForm
-// ("forms pipelined1 / pipelined2 / one-batch"), the staged GEMV's FP8 form (the copy prologue,
+// ("forms pipelined1 / pipelined2 / one-batch") and the default form at each k split
+// ("ksplit 1/2/4/8", microseconds), the staged GEMV's FP8 form (the copy prologue,
 // one target) and SmallMGemmBf16 on the same shape. `--decode --no-pdl`: the same without
 // programmatic dependent launch (the kernels that use it then run in full stream order).
 #include <cuda_runtime_api.h>
@@ -104,6 +105,21 @@ void DenseShapes(const std::vector<GemmShape>& shapes, const std::vector<int64_t
           std::printf(" %s%.2f us %.0f GB/s", form == kernels::Fp8GemvForm::kPipelined1 ? "" : "/ ",
                       us, (fp8_bytes + scale_count * 4) / us / 1e3);
         }
+        // The default form at each k split (Fp8SmallMGemmParams::gemv_ksplit).
+        std::printf("   ksplit 1/2/4/8");
+        for (int ksplit = 1; ksplit <= 8; ksplit *= 2) {
+          const double us = GraphMicros(copies, [&](int c, cudaStream_t st) {
+            kernels::Fp8SmallMGemmParams p;
+            p.m = m, p.n = s.n, p.k = s.k, p.a = a, p.lda = s.k;
+            p.w.data = w8[c], p.w.ldw = s.k, p.w.scales = sc[c];
+            p.w.scale_ld = kernels::Fp8ScaleCols(s.k);
+            p.c = out, p.ldc = s.n;
+            p.gemv_ksplit = ksplit;
+            return kernels::Fp8SmallMGemm(p, st);
+          });
+          std::printf(" %s%.2f", ksplit == 1 ? "" : "/ ", us);
+        }
+        std::printf(" us");
       }
       kernels::StagedGemvParams g;
       g.m = m, g.k = s.k, g.a = a, g.lda = s.k, g.fp8 = true, g.num_targets = 1;

@@ -9,7 +9,8 @@
 // the loads of its next batch before it uses the current one: two batches in flight a lane.
 // Each chunk's 16 products are summed in fp32 in order, scaled by the block scale and added to
 // the lane's sum (the header's contract); at a tile's end the lanes' sums are added by shuffles
-// and the ksplit warps' sums through shared memory in warp order (deterministic).
+// (a fixed tree) and the ksplit warps' sums through shared memory in warp order
+// (deterministic).
 //
 // Activations are read through L1 (every warp of an SM reads the same rows), fp32 rounded to
 // bf16 two at a time (cvt.rn.bf16x2); the e4m3 weights are widened exactly through f16x2.
@@ -202,57 +203,64 @@ __device__ __forceinline__ void UseBatch(const Batch<kC>& b, const Fp8SmallMGemm
   }
 }
 
-__device__ __forceinline__ float WarpSum(float v) {
+// v[0 .. N) of every lane summed over the warp, N a power of two <= 32, in log2(32) exchanges
+// that halve the values a lane carries (the lanes whose bit O is set keep the upper half) until
+// one is left, then xor butterflies: lane l ends with the sum of value l >> (5 - log2 N) in v[0].
+template <int N, int O, int S>
+__device__ __forceinline__ void SumTransposed(float (&v)[S], int lane) {
+  if constexpr (N > 1) {
+    constexpr int kHalf = N / 2;
+    const bool upper = (lane & O) != 0;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-  return v;
+    for (int t = 0; t < kHalf; ++t) {
+      const float send = upper ? v[t] : v[t + kHalf];
+      const float keep = upper ? v[t + kHalf] : v[t];
+      v[t] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, O);
+    }
+    SumTransposed<kHalf, O / 2>(v, lane);
+  } else {
+#pragma unroll
+    for (int o = O; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xFFFFFFFFu, v[0], o);
+  }
 }
 
-// The tile's sums: written by lane i * kRows + r of the group's first warp; acc reset. Every
-// thread of the block calls it at the same tile (its __syncthreads).
+// The tile's sums, acc then reset: value i * kRows + r (activation row i, weight row r) of the
+// group is written by one lane of its first warp. Every thread of the block calls it at the same
+// tile (its __syncthreads).
 template <int M>
 __device__ __forceinline__ void FinishTile(float (&acc)[M][kRows], float (*partial)[M * kRows],
                                            const Fp8SmallMGemmParams& p, int64_t row0, int rows,
                                            const GemvPlan& plan, int64_t tile) {
+  constexpr int kN = M * kRows;
+  static_assert(kN == 4 || kN == 8, "the lanes' values");
+  constexpr int kShift = kN == 4 ? 3 : 2;  // lane >> kShift: the value a lane ends with
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float v[kN];
 #pragma unroll
   for (int i = 0; i < M; ++i) {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[i][r] = WarpSum(acc[i][r]);
-  }
-  if (plan.ksplit > 1) {
-    if (lane == 0) {
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) partial[warp][i * kRows + r] = acc[i][r];
-      }
+    for (int r = 0; r < kRows; ++r) {
+      v[i * kRows + r] = acc[i][r];
+      acc[i][r] = 0.0f;
     }
+  }
+  SumTransposed<kN, 16>(v, lane);
+  const int idx = lane >> kShift;
+  const bool holder = (lane & ((1 << kShift) - 1)) == 0;
+  if (plan.ksplit > 1) {
+    if (holder) partial[warp][idx] = v[0];
     __syncthreads();
   }
-  const int i = lane / kRows, r = lane % kRows;
+  const int i = idx / kRows, r = idx % kRows;
   const int64_t j = GroupRow0(plan, tile) + r;
-  if (warp % plan.ksplit == 0 && lane < M * kRows && i < rows && j < p.n) {
-    float sum = 0.0f;
+  if (warp % plan.ksplit == 0 && holder && i < rows && j < p.n) {
+    float sum = v[0];
     if (plan.ksplit > 1) {
-      sum = partial[warp][lane];
-      for (int w = 1; w < plan.ksplit; ++w) sum += partial[warp + w][lane];
-    } else {
-#pragma unroll
-      for (int ii = 0; ii < M; ++ii) {
-#pragma unroll
-        for (int rr = 0; rr < kRows; ++rr) {
-          if (ii * kRows + rr == lane) sum = acc[ii][rr];
-        }
-      }
+      sum = partial[warp][idx];
+      for (int w = 1; w < plan.ksplit; ++w) sum += partial[warp + w][idx];
     }
     float* out = p.c + (row0 + i) * p.ldc + j;
     *out = p.accumulate ? *out + sum : sum;
-  }
-#pragma unroll
-  for (int ii = 0; ii < M; ++ii) {
-#pragma unroll
-    for (int rr = 0; rr < kRows; ++rr) acc[ii][rr] = 0.0f;
   }
 }
 
@@ -309,11 +317,14 @@ __device__ void GemvBody(const Batch<kC>& first, Fp8SmallMGemmParams p, int64_t 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The k split with the least modelled time for `slots` resident blocks: tiles per block times
-// (the tile's batches + a quarter batch for its sums).
-GemvPlan PlanFor(int64_t n, int64_t chunks, int kC, int64_t slots) {
+// (the tile's batches + a quarter batch for its sums); `forced` (1, 2, 4 or 8) instead if set.
+GemvPlan PlanFor(int64_t n, int64_t chunks, int kC, int64_t slots, int forced) {
   GemvPlan best{1, 1, 1};
   int64_t best_cost = -1;
   for (int ksplit = 1; ksplit <= kWarps; ksplit *= 2) {
+    if (forced >= 1 && forced <= kWarps && (forced & (forced - 1)) == 0 && ksplit != forced) {
+      continue;
+    }
     const int64_t per_lane = CeilDiv(chunks, 32 * ksplit);
     const int64_t rounds = CeilDiv(per_lane, kC);
     const int64_t tiles = CeilDiv(n, kRows * (kWarps / ksplit));
@@ -336,7 +347,7 @@ cudaError_t LaunchGemv(const Fp8SmallMGemmParams& p, int64_t row0, int rows,
   if (facts.error != cudaSuccess) return facts.error;
   static const int per_sm = BlocksPerSm(kernel, kThreads, 1);
   const int64_t slots = static_cast<int64_t>(std::max(facts.sms, 1)) * per_sm;
-  const GemvPlan plan = PlanFor(p.n, p.k / kLaneElems, kC, slots);
+  const GemvPlan plan = PlanFor(p.n, p.k / kLaneElems, kC, slots, p.gemv_ksplit);
   const int64_t blocks = BalancedUnits(plan.tiles, slots);
   return LaunchPrefetchThenAfterPrecedingGrids<&GemvPrefetch<kC>, &GemvBody<M, kBf16A, kC>,
                                                kThreads>(dim3(static_cast<unsigned>(blocks)), 0,
