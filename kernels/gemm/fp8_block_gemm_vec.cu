@@ -317,7 +317,8 @@ __device__ void GemvBody(const Batch<kC>& first, Fp8SmallMGemmParams p, int64_t 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The k split with the least modelled time for `slots` resident blocks: tiles per block times
-// (the tile's batches + a quarter batch for its sums); `forced` (1, 2, 4 or 8) instead if set.
+// (a lane's chunks of the tile + half a chunk for its sums), the larger split on a tie (more,
+// shorter tiles); `forced` (1, 2, 4 or 8) instead if set.
 GemvPlan PlanFor(int64_t n, int64_t chunks, int kC, int64_t slots, int forced) {
   GemvPlan best{1, 1, 1};
   int64_t best_cost = -1;
@@ -328,8 +329,8 @@ GemvPlan PlanFor(int64_t n, int64_t chunks, int kC, int64_t slots, int forced) {
     const int64_t per_lane = CeilDiv(chunks, 32 * ksplit);
     const int64_t rounds = CeilDiv(per_lane, kC);
     const int64_t tiles = CeilDiv(n, kRows * (kWarps / ksplit));
-    const int64_t cost = CeilDiv(tiles, slots) * (4 * rounds + 1);
-    if (best_cost < 0 || cost < best_cost) {
+    const int64_t cost = CeilDiv(tiles, slots) * (2 * per_lane + 1);
+    if (best_cost < 0 || cost <= best_cost) {
       best_cost = cost;
       best = GemvPlan{ksplit, static_cast<int>(rounds), tiles};
     }
