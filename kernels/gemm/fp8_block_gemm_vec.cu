@@ -24,7 +24,6 @@
 
 #include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
-#include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/fp8_block_gemm_vec.h"
 
 namespace deepinfer {
@@ -77,6 +76,30 @@ __device__ __forceinline__ int64_t RoundChunk(const GemvPlan& plan, int round, i
   return FirstChunk(plan) + static_cast<int64_t>(round) * kC * 32 * plan.ksplit;
 }
 
+// *p (16 bytes, streamed past L1) where load, else zeros: one predicated load, no branch.
+__device__ __forceinline__ uint4 LoadStreaming16If(const void* p, bool load) {
+  uint4 v;
+  asm("{\n\t.reg .pred q;\n\t"
+      "setp.ne.b32 q, %5, 0;\n\t"
+      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@q ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(static_cast<int>(load)));
+  return v;
+}
+
+// *p where load, else 0 (through L1: the 8 lanes of a block's chunks share it).
+__device__ __forceinline__ float LoadFloatIf(const float* p, bool load) {
+  float v;
+  asm("{\n\t.reg .pred q;\n\t"
+      "setp.ne.b32 q, %2, 0;\n\t"
+      "mov.b32 %0, 0;\n\t"
+      "@q ld.global.nc.f32 %0, [%1];\n\t}"
+      : "=f"(v)
+      : "l"(p), "r"(static_cast<int>(load)));
+  return v;
+}
+
 // The batch at c (zeros where !valid or past the row's end). Rows past n read row n - 1 (their
 // sums are not written).
 template <int kC>
@@ -101,7 +124,7 @@ __device__ __forceinline__ void LoadBatch(const Fp8SmallMGemmParams& p, const Ge
     const bool ok = valid && q < chunks;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      b.w[u][r] = ok ? LoadStreaming16(wrow[r] + q * kLaneElems) : make_uint4(0, 0, 0, 0);
+      b.w[u][r] = LoadStreaming16If(wrow[r] + q * kLaneElems, ok);
     }
   }
 #pragma unroll
@@ -110,7 +133,7 @@ __device__ __forceinline__ void LoadBatch(const Fp8SmallMGemmParams& p, const Ge
     const bool ok = valid && q < chunks;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      b.s[u][r] = ok ? __ldg(srow[r] + q * kLaneElems / kFp8BlockSize) : 0.0f;
+      b.s[u][r] = LoadFloatIf(srow[r] + q * kLaneElems / kFp8BlockSize, ok);
     }
   }
 }
@@ -338,11 +361,20 @@ GemvPlan PlanFor(int64_t n, int64_t chunks, int kC, int64_t slots, int forced) {
   return best;
 }
 
+// Blocks an SM the entry is compiled for (its registers capped to fit them; the most each form
+// takes without spilling, sm_90): one row with one chunk a batch 3 (80 registers), one row with
+// two or two rows with one 2 (128), two rows with two 1.
+template <int M, int kC>
+constexpr int MinBlocks() {
+  return M == 1 ? (kC == 1 ? 3 : 2) : (kC == 1 ? 2 : 1);
+}
+
 template <int M, bool kBf16A, int kC>
 cudaError_t LaunchGemv(const Fp8SmallMGemmParams& p, int64_t row0, int rows,
                        cudaStream_t stream) {
   constexpr auto kKernel =
-      PrefetchEntryKernel<&GemvPrefetch<kC>, &GemvBody<M, kBf16A, kC>, kThreads>();
+      PrefetchEntryKernelAtOccupancy<&GemvPrefetch<kC>, &GemvBody<M, kBf16A, kC>, kThreads,
+                                     MinBlocks<M, kC>()>();
   const void* kernel = reinterpret_cast<const void*>(kKernel);
   const KernelFacts facts = KernelFactsForCurrentDevice(kernel, 0);
   if (facts.error != cudaSuccess) return facts.error;
@@ -350,9 +382,9 @@ cudaError_t LaunchGemv(const Fp8SmallMGemmParams& p, int64_t row0, int rows,
   const int64_t slots = static_cast<int64_t>(std::max(facts.sms, 1)) * per_sm;
   const GemvPlan plan = PlanFor(p.n, p.k / kLaneElems, kC, slots, p.gemv_ksplit);
   const int64_t blocks = BalancedUnits(plan.tiles, slots);
-  return LaunchPrefetchThenAfterPrecedingGrids<&GemvPrefetch<kC>, &GemvBody<M, kBf16A, kC>,
-                                               kThreads>(dim3(static_cast<unsigned>(blocks)), 0,
-                                                         stream, p, row0, rows, plan);
+  return LaunchPrefetchThenAfterPrecedingGridsAtOccupancy<
+      &GemvPrefetch<kC>, &GemvBody<M, kBf16A, kC>, kThreads, MinBlocks<M, kC>()>(
+      dim3(static_cast<unsigned>(blocks)), 0, stream, p, row0, rows, plan);
 }
 
 template <int M, bool kBf16A>
