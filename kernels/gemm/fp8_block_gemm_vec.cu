@@ -100,8 +100,8 @@ __device__ __forceinline__ float LoadFloatIf(const float* p, bool load) {
   return v;
 }
 
-// The batch at c (zeros where !valid or past the row's end). Rows past n read row n - 1 (their
-// sums are not written).
+// The batch at c (zeros where !valid, past the row's end or past n: those sums are not
+// written).
 template <int kC>
 __device__ __forceinline__ void LoadBatch(const Fp8SmallMGemmParams& p, const GemvPlan& plan,
                                           const Cursor& c, bool valid, Batch<kC>& b) {
@@ -109,31 +109,30 @@ __device__ __forceinline__ void LoadBatch(const Fp8SmallMGemmParams& p, const Ge
   const int64_t stride = 32 * plan.ksplit;
   const int64_t j0 = GroupRow0(plan, c.tile);
   const int64_t q0 = RoundChunk(plan, c.round, kC);
-  valid = valid && j0 < p.n;
   const uint8_t* wrow[kRows];
   const float* srow[kRows];
+  bool row_ok[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const int64_t j = min(j0 + r, p.n - 1);
+    const int64_t j = j0 + r;
+    row_ok[r] = valid && j < p.n;
     wrow[r] = p.w.data + j * p.w.ldw;
     srow[r] = p.w.scales + Fp8ScaleRow(j, p.w.split_rows) * p.w.scale_ld;
   }
 #pragma unroll
   for (int u = 0; u < kC; ++u) {
     const int64_t q = q0 + u * stride;
-    const bool ok = valid && q < chunks;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      b.w[u][r] = LoadStreaming16If(wrow[r] + q * kLaneElems, ok);
+      b.w[u][r] = LoadStreaming16If(wrow[r] + q * kLaneElems, row_ok[r] && q < chunks);
     }
   }
 #pragma unroll
   for (int u = 0; u < kC; ++u) {
     const int64_t q = q0 + u * stride;
-    const bool ok = valid && q < chunks;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      b.s[u][r] = LoadFloatIf(srow[r] + q * kLaneElems / kFp8BlockSize, ok);
+      b.s[u][r] = LoadFloatIf(srow[r] + q * kLaneElems / kFp8BlockSize, row_ok[r] && q < chunks);
     }
   }
 }
