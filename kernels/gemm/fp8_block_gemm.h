@@ -74,21 +74,21 @@ struct Fp8BlockWeight {
 // The most activation rows one Fp8SmallMGemm launch takes (more: one launch per 8 rows).
 inline constexpr int64_t kFp8SmallMGemmRowsPerLaunch = 8;
 
-// c[i, j] (+)= sum_p bf16(a[i, p]) * w(j, p) * scale(j, p) for i < m, j < n, p < k. a is fp32
-// (rounded to bf16 to nearest even as it is read, as RoundF32ToBf16) or, with a_bf16, bf16 bits.
-// Products of bf16 and e4m3 are exact in fp32; each lane sums 16 of them (one block's scale)
-// before scaling, so the result differs from the fp32 sum over the dequantised weight only by
-// fp32 rounding. With accumulate, c[i, j] + the sum is one fp32 addition.
 // The kernel of Fp8SmallMGemm's 1- and 2-row vector path (16-byte aligned operands). kAuto:
 // kPipelined2 at one row, kPipelined1 at two (whose registers leave room for two blocks an SM).
-// kPipelinedN: a lane loads N 16-byte chunks of each of a warp's 4 weight rows a
-// batch and issues batch t + 1's loads before it uses batch t, in a grid of one wave (as many
-// blocks as fit on the device, each walking column tiles of the same work). kOneBatch: each warp
+// kPipelinedN: a lane loads N 16-byte chunks of each of a warp's 4 weight rows a batch and
+// issues batch t + 1's loads before it uses batch t, in a grid of one wave (as many blocks as fit
+// on the device, each walking column tiles of the same work). kOneBatch: each warp
 // owns its tile (one launch wave or more) and loads a batch of 2 chunks of 4 rows only after
 // using the previous one. All give the header's sums; the order of a row's additions over k
 // differs between forms (each is deterministic). fp8_block_gemm_bench compares them.
 enum class Fp8GemvForm : int { kAuto = 0, kPipelined1, kPipelined2, kOneBatch };
 
+// c[i, j] (+)= sum_p bf16(a[i, p]) * w(j, p) * scale(j, p) for i < m, j < n, p < k. a is fp32
+// (rounded to bf16 to nearest even as it is read, as RoundF32ToBf16) or, with a_bf16, bf16 bits.
+// Products of bf16 and e4m3 are exact in fp32; each lane sums 16 of them (one block's scale)
+// before scaling, so the result differs from the fp32 sum over the dequantised weight only by
+// fp32 rounding. With accumulate, c[i, j] + the sum is one fp32 addition.
 struct Fp8SmallMGemmParams {
   int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;

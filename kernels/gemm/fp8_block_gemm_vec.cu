@@ -288,8 +288,7 @@ __device__ __forceinline__ void FinishTile(float (&acc)[M][kRows], float (*parti
 
 // Before the wait: the first batch (weights and scales only).
 template <int kC>
-__device__ Batch<kC> GemvPrefetch(Fp8SmallMGemmParams p, int64_t row0, int rows,
-                                  GemvPlan plan) {
+__device__ Batch<kC> GemvPrefetch(Fp8SmallMGemmParams p, int64_t row0, int rows, GemvPlan plan) {
   Batch<kC> b;
   LoadBatch<kC>(p, plan, Cursor{blockIdx.x, 0}, blockIdx.x < plan.tiles, b);
   return b;
@@ -369,8 +368,7 @@ constexpr int MinBlocks() {
 }
 
 template <int M, bool kBf16A, int kC>
-cudaError_t LaunchGemv(const Fp8SmallMGemmParams& p, int64_t row0, int rows,
-                       cudaStream_t stream) {
+cudaError_t LaunchGemv(const Fp8SmallMGemmParams& p, int64_t row0, int rows, cudaStream_t stream) {
   constexpr auto kKernel =
       PrefetchEntryKernelAtOccupancy<&GemvPrefetch<kC>, &GemvBody<M, kBf16A, kC>, kThreads,
                                      MinBlocks<M, kC>()>();
