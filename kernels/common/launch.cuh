@@ -72,6 +72,15 @@ __global__ void __launch_bounds__(kThreads) PrefetchWaitThenRun(P... args) {
   kBody(prefetched, args...);
 }
 
+// PrefetchWaitThenRun compiled for kMinBlocks resident blocks an SM (registers capped to fit).
+template <auto kPrefetch, auto kBody, int kThreads, int kMinBlocks, typename... P>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) PrefetchWaitThenRunAtOccupancy(P... args) {
+  const auto prefetched = kPrefetch(args...);
+  WaitForPrecedingGrids();
+  AllowDependentGridsToLaunch();
+  kBody(prefetched, args...);
+}
+
 // The entry kernel for a body, its parameter types taken from the body's signature.
 template <auto kBody, int kThreads, typename F = decltype(kBody)>
 struct Entry;
@@ -85,6 +94,15 @@ struct PrefetchEntry;
 template <auto kPrefetch, auto kBody, int kThreads, typename S, typename... P>
 struct PrefetchEntry<kPrefetch, kBody, kThreads, S (*)(P...)> {
   static constexpr void (*kKernel)(P...) = &PrefetchWaitThenRun<kPrefetch, kBody, kThreads, P...>;
+};
+
+template <auto kPrefetch, auto kBody, int kThreads, int kMinBlocks,
+          typename F = decltype(kPrefetch)>
+struct PrefetchEntryAtOccupancy;
+template <auto kPrefetch, auto kBody, int kThreads, int kMinBlocks, typename S, typename... P>
+struct PrefetchEntryAtOccupancy<kPrefetch, kBody, kThreads, kMinBlocks, S (*)(P...)> {
+  static constexpr void (*kKernel)(P...) =
+      &PrefetchWaitThenRunAtOccupancy<kPrefetch, kBody, kThreads, kMinBlocks, P...>;
 };
 
 template <typename... P, typename... A>
@@ -145,6 +163,24 @@ cudaError_t LaunchPrefetchThenAfterPrecedingGrids(dim3 grid, size_t smem, cudaSt
   return launch_internal::Launch(
       launch_internal::PrefetchEntry<kPrefetch, kBody, kThreads>::kKernel, grid, kThreads, smem,
       stream, std::forward<A>(args)...);
+}
+
+// LaunchPrefetchThenAfterPrecedingGrids with the entry compiled for kMinBlocks resident blocks
+// an SM (__launch_bounds__'s second argument: a thread's registers capped so that they fit),
+// for a kernel whose loads in flight scale with its resident warps.
+template <auto kPrefetch, auto kBody, int kThreads, int kMinBlocks, typename... A>
+cudaError_t LaunchPrefetchThenAfterPrecedingGridsAtOccupancy(dim3 grid, size_t smem,
+                                                             cudaStream_t stream, A&&... args) {
+  return launch_internal::Launch(
+      launch_internal::PrefetchEntryAtOccupancy<kPrefetch, kBody, kThreads, kMinBlocks>::kKernel,
+      grid, kThreads, smem, stream, std::forward<A>(args)...);
+}
+
+// The __global__ entry that LaunchPrefetchThenAfterPrecedingGridsAtOccupancy launches.
+template <auto kPrefetch, auto kBody, int kThreads, int kMinBlocks>
+constexpr auto PrefetchEntryKernelAtOccupancy() {
+  return launch_internal::PrefetchEntryAtOccupancy<kPrefetch, kBody, kThreads,
+                                                   kMinBlocks>::kKernel;
 }
 
 }  // namespace kernels

@@ -9,6 +9,7 @@
 #include "kernels/common/launch.cuh"
 #include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/fp8_block_gemm.h"
+#include "kernels/gemm/fp8_block_gemm_vec.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -186,15 +187,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One and two activation rows (decode), 16-byte aligned: a warp owns kVecCols adjacent weight
-// rows (output columns) at once, so each activation chunk it loads serves kVecCols weight rows,
-// and a lane issues the 16-byte loads of kVecChunks chunks of every one of them (128 bytes)
-// before it uses any. A row's k chunks are split over `ksplit` warps of the block (chunk q to
-// thread q % (32 ksplit) of the group); their sums are added in warp order through shared memory
-// (deterministic). Each chunk of 16 products is summed in fp32, scaled once by its block's scale
-// and added to the lane's sum (the header's contract). Launched with programmatic dependent
-// launch: a lane's first batch of weights and scales is loaded before the wait for the preceding
-// kernel (weights are never written during a step).
+// Fp8GemvForm::kOneBatch: one and two activation rows (decode), 16-byte aligned: a warp owns
+// kVecCols adjacent weight rows (output columns) at once, so each activation chunk it loads
+// serves kVecCols weight rows, and a lane issues the 16-byte loads of kVecChunks chunks of every
+// one of them (128 bytes) before it uses any. A row's k chunks are split over `ksplit` warps of
+// the block (chunk q to thread q % (32 ksplit) of the group); their sums are added in warp order
+// through shared memory (deterministic). Each chunk of 16 products is summed in fp32, scaled
+// once by its block's scale and added to the lane's sum (the header's contract). Launched with
+// programmatic dependent launch: a lane's first batch of weights and scales is loaded before the
+// wait for the preceding kernel (weights are never written during a step).
 constexpr int kVecCols = 4;
 constexpr int kVecChunks = 2;
 // The most warps the k split grows a launch to: the H200's 132 SMs with two blocks each (the
@@ -467,6 +468,11 @@ template <bool kBf16A, bool kVec>
 cudaError_t LaunchSmallMRows(const Fp8SmallMGemmParams& p, int64_t row0, int rows, int ksplit,
                              cudaStream_t stream) {
   if constexpr (kVec) {
+    if (rows <= 2 && p.gemv_form != Fp8GemvForm::kOneBatch) {
+      const bool one_chunk = p.gemv_form == Fp8GemvForm::kPipelined1 ||
+                             (p.gemv_form == Fp8GemvForm::kAuto && rows == 2);
+      return Fp8PipelinedGemv(p, row0, rows, one_chunk ? 1 : 2, stream);
+    }
     if (rows <= 1) return LaunchSmallMVec<1, kBf16A>(p, row0, rows, stream);
     if (rows <= 2) return LaunchSmallMVec<2, kBf16A>(p, row0, rows, stream);
   } else {

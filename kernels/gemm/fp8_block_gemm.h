@@ -7,11 +7,12 @@
 //    (16 bytes per lane) and dequantised in registers; the products of one lane's 16 weights
 //    with the bf16-rounded activations are summed in fp32 (exact products), scaled by their
 //    block's scale and added to the fp32 accumulator. At 1 and 2 rows (16-byte aligned
-//    operands) a warp takes 4 weight rows at once, each lane with 8 16-byte loads in flight, and
-//    a row's k is split over up to 8 warps so that short matrices still fill the GPU. That form
-//    is launched with programmatic dependent launch (kernels/common/launch.cuh): it loads its
-//    first weights and scales before waiting for the preceding kernel, so the weight must not
-//    be written by a kernel of the same step (model weights never are).
+//    operands) a warp takes 4 weight rows at once and a row's k is split over up to 8 warps of a
+//    block; the GEMV form (Fp8GemvForm, fp8_block_gemm_vec.cu) runs one wave of blocks that
+//    walk their tiles with the next batch of weight loads in flight while the current one is
+//    used. That form is launched with programmatic dependent launch (kernels/common/launch.cuh):
+//    it loads its first weights and scales before waiting for the preceding kernel, so the
+//    weight must not be written by a kernel of the same step (model weights never are).
 //  * Fp8GroupedGemm: the same for the routed experts' rows, grouped by expert on the device
 //    (the MoE permutation's offsets), so decode needs no host synchronisation.
 //  * Fp8DequantToBf16: the weight dequantised and rounded to bf16 (the same bf16 weight
@@ -73,6 +74,18 @@ struct Fp8BlockWeight {
 // The most activation rows one Fp8SmallMGemm launch takes (more: one launch per 8 rows).
 inline constexpr int64_t kFp8SmallMGemmRowsPerLaunch = 8;
 
+// The kernel of Fp8SmallMGemm's 1- and 2-row vector path (16-byte aligned operands). kAuto:
+// kPipelined2 at one row, kPipelined1 at two (whose registers leave room for two blocks an SM).
+// kPipelinedN: a lane loads N 16-byte chunks of each of a warp's 4 weight rows a batch and
+// issues batch t + 1's loads before it uses batch t, in a grid of one wave (as many blocks as fit
+// on the device, each walking column tiles of the same work). kOneBatch: each warp
+// owns its tile (one launch wave or more) and loads a batch of 2 chunks of 4 rows only after
+// using the previous one. kPipelined2L2: kPipelined2, and at each tile's start the block's next
+// tile is prefetched to L2 (cp.async.bulk.prefetch). All give the header's sums; the order of a
+// row's additions over k differs between forms (each is deterministic). fp8_block_gemm_bench
+// compares them.
+enum class Fp8GemvForm : int { kAuto = 0, kPipelined1, kPipelined2, kOneBatch, kPipelined2L2 };
+
 // c[i, j] (+)= sum_p bf16(a[i, p]) * w(j, p) * scale(j, p) for i < m, j < n, p < k. a is fp32
 // (rounded to bf16 to nearest even as it is read, as RoundF32ToBf16) or, with a_bf16, bf16 bits.
 // Products of bf16 and e4m3 are exact in fp32; each lane sums 16 of them (one block's scale)
@@ -87,6 +100,10 @@ struct Fp8SmallMGemmParams {
   float* c = nullptr;
   int64_t ldc = 0;
   bool accumulate = false;
+  Fp8GemvForm gemv_form = Fp8GemvForm::kAuto;
+  // The pipelined forms' warps per 4-row group (1, 2, 4 or 8); 0 (or another value): the
+  // launch's choice, the least modelled time for the grid of one wave.
+  int gemv_ksplit = 0;
 };
 
 // Whether Fp8SmallMGemm takes these arguments: m, n, k >= 1 and in int range, non-null

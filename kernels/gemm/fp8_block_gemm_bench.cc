@@ -12,9 +12,12 @@
 // CUDA error.
 //
 // `--decode`: only the decode GEMVs at m = 1 and 2 (Moonlight's q_proj, kv_a and o_proj,
-// DeepSeek-V3's q_a, q_b, o_proj and kv_a): Fp8SmallMGemm, the staged GEMV's FP8 form (the copy
-// prologue, one target) and SmallMGemmBf16 on the same shape. `--decode --no-pdl`: the same
-// without programmatic dependent launch (the kernels that use it then run in full stream order).
+// DeepSeek-V3's q_a, q_b, o_proj, kv_a, the dense MLP's gate_up and down and the shared expert's
+// gate_up and down): Fp8SmallMGemm in its default form, then each Fp8GemvForm
+// ("forms pipelined1 / pipelined2 / one-batch / pipelined2+L2") and the default form at each k split
+// ("ksplit 1/2/4/8", microseconds), the staged GEMV's FP8 form (the copy prologue,
+// one target) and SmallMGemmBf16 on the same shape. `--decode --no-pdl`: the same without
+// programmatic dependent launch (the kernels that use it then run in full stream order).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -84,6 +87,40 @@ void DenseShapes(const std::vector<GemmShape>& shapes, const std::vector<int64_t
       std::printf("%-15s n=%6ld k=%6ld m=%2ld  fp8 small-m %8.2f us %7.0f GB/s", s.name,
                   static_cast<long>(s.n), static_cast<long>(s.k), static_cast<long>(m), fp8_us,
                   (fp8_bytes + scale_count * 4) / fp8_us / 1e3);
+      if (staged && m <= 2) {
+        // Each 1-2 row form of the vector kernel (staged: the decode list).
+        std::printf("   forms");
+        for (const kernels::Fp8GemvForm form :
+             {kernels::Fp8GemvForm::kPipelined1, kernels::Fp8GemvForm::kPipelined2,
+              kernels::Fp8GemvForm::kOneBatch, kernels::Fp8GemvForm::kPipelined2L2}) {
+          const double us = GraphMicros(copies, [&](int c, cudaStream_t st) {
+            kernels::Fp8SmallMGemmParams p;
+            p.m = m, p.n = s.n, p.k = s.k, p.a = a, p.lda = s.k;
+            p.w.data = w8[c], p.w.ldw = s.k, p.w.scales = sc[c];
+            p.w.scale_ld = kernels::Fp8ScaleCols(s.k);
+            p.c = out, p.ldc = s.n;
+            p.gemv_form = form;
+            return kernels::Fp8SmallMGemm(p, st);
+          });
+          std::printf(" %s%.2f us %.0f GB/s", form == kernels::Fp8GemvForm::kPipelined1 ? "" : "/ ",
+                      us, (fp8_bytes + scale_count * 4) / us / 1e3);
+        }
+        // The default form at each k split (Fp8SmallMGemmParams::gemv_ksplit).
+        std::printf("   ksplit 1/2/4/8");
+        for (int ksplit = 1; ksplit <= 8; ksplit *= 2) {
+          const double us = GraphMicros(copies, [&](int c, cudaStream_t st) {
+            kernels::Fp8SmallMGemmParams p;
+            p.m = m, p.n = s.n, p.k = s.k, p.a = a, p.lda = s.k;
+            p.w.data = w8[c], p.w.ldw = s.k, p.w.scales = sc[c];
+            p.w.scale_ld = kernels::Fp8ScaleCols(s.k);
+            p.c = out, p.ldc = s.n;
+            p.gemv_ksplit = ksplit;
+            return kernels::Fp8SmallMGemm(p, st);
+          });
+          std::printf(" %s%.2f", ksplit == 1 ? "" : "/ ", us);
+        }
+        std::printf(" us");
+      }
       kernels::StagedGemvParams g;
       g.m = m, g.k = s.k, g.a = a, g.lda = s.k, g.fp8 = true, g.num_targets = 1;
       g.targets[0].n = s.n, g.targets[0].ldw = s.k, g.targets[0].w8 = w8[0];
@@ -196,7 +233,8 @@ int main(int argc, char** argv) {
     const std::vector<deepinfer::bench::GemmShape> decode = {
         {"moon q_proj", 3072, 2048}, {"moon kv_a", 576, 2048}, {"moon o_proj", 2048, 2048},
         {"v3 q_a", 1536, 7168},      {"v3 q_b", 24576, 1536},  {"v3 o_proj", 7168, 16384},
-        {"v3 kv_a", 576, 7168}};
+        {"v3 kv_a", 576, 7168},      {"v3 dense gu", 36864, 7168}, {"v3 dense dn", 7168, 18432},
+        {"v3 shared gu", 4096, 7168}, {"v3 shared dn", 7168, 2048}};
     deepinfer::DenseShapes(decode, {1, 2}, true);
     return 0;
   }

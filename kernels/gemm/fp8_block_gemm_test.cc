@@ -39,6 +39,7 @@ double Unit(int64_t k) { return std::ldexp(1.0, -24) * (k / 16.0 + 26.0); }
 struct SmallMCase {
   int64_t m, n, k, extra_lda, extra_ldw, split;
   bool a_bf16, accumulate;
+  Fp8GemvForm form = Fp8GemvForm::kAuto;
 };
 
 class Fp8SmallMGemmTest : public ::testing::TestWithParam<SmallMCase> {};
@@ -74,6 +75,7 @@ TEST_P(Fp8SmallMGemmTest, MatchesDequantisedReference) {
   p.c = dc.get();
   p.ldc = ldc;
   p.accumulate = t.accumulate;
+  p.gemv_form = t.form;
   ASSERT_TRUE(Fp8SmallMGemmSupports(p));
   DEEPINFER_CUDA_OK(Fp8SmallMGemm(p, nullptr));
   std::vector<float> got;
@@ -119,7 +121,27 @@ INSTANTIATE_TEST_SUITE_P(
         SmallMCase{2, 576, 7168, 0, 0, 0, true, false},
         SmallMCase{2, 1023, 2064, 16, 32, 0, false, false},
         SmallMCase{1, 4098, 496, 0, 0, 2050, true, false},
-        SmallMCase{10, 301, 1024, 0, 0, 0, false, false}));
+        SmallMCase{10, 301, 1024, 0, 0, 0, false, false},
+        // Fewer rows than a warp's 4 and a single chunk or three of k.
+        SmallMCase{1, 3, 16, 0, 0, 0, false, false},
+        SmallMCase{2, 5, 48, 0, 0, 0, true, true},
+        // Each 1-2 row form of the vector kernel (the cases above take kAuto's): blocks walking
+        // several tiles with k split over 8 warps (o_proj), over one warp with a part-filled
+        // last batch (q_b), stacked grids split mid-warp, strides past k.
+        SmallMCase{1, 7168, 16384, 0, 0, 0, true, false, Fp8GemvForm::kPipelined1},
+        SmallMCase{2, 7168, 16384, 0, 0, 0, false, true, Fp8GemvForm::kPipelined2},
+        SmallMCase{1, 24576, 1536, 0, 0, 0, false, false, Fp8GemvForm::kPipelined1},
+        SmallMCase{2, 24576, 1536, 0, 0, 0, false, false, Fp8GemvForm::kPipelined2},
+        SmallMCase{1, 4098, 496, 0, 0, 2050, false, true, Fp8GemvForm::kPipelined1},
+        SmallMCase{2, 4098, 496, 0, 0, 2050, true, false, Fp8GemvForm::kPipelined2},
+        SmallMCase{2, 1023, 2064, 16, 32, 0, true, true, Fp8GemvForm::kPipelined1},
+        SmallMCase{1, 1023, 2064, 16, 32, 0, false, false, Fp8GemvForm::kPipelined2},
+        SmallMCase{1, 3072, 2048, 0, 0, 0, false, false, Fp8GemvForm::kOneBatch},
+        SmallMCase{2, 576, 7168, 0, 0, 0, true, true, Fp8GemvForm::kOneBatch},
+        SmallMCase{1, 7168, 16384, 0, 0, 0, false, true, Fp8GemvForm::kPipelined2L2},
+        SmallMCase{2, 4098, 496, 0, 0, 2050, false, false, Fp8GemvForm::kPipelined2L2},
+        SmallMCase{1, 36864, 7168, 0, 0, 18432, true, false, Fp8GemvForm::kAuto},
+        SmallMCase{1, 7168, 18432, 0, 0, 0, false, false, Fp8GemvForm::kAuto}));
 
 struct GroupedCase {
   int32_t groups;

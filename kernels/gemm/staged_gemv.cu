@@ -10,6 +10,8 @@
 // never written during a step), overlapping that kernel's tail and this kernel's staging. A batch
 // of products runs as grid rows (blockIdx.y), each block staging its product's activation.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "kernels/common/kernel_facts.h"
 #include "kernels/common/launch.cuh"
@@ -42,7 +44,7 @@ struct Args {
 template <int C>
 struct Chunks {
   uint4 q[C];
-  float scale[C];  // FP8: each chunk's block scale times 2^120
+  float scale[C];  // FP8: each chunk's block scale
 };
 
 // The passes in flight (slot d: the warp's passes d, d + kInFlight, d + 2 kInFlight, ...).
@@ -87,15 +89,18 @@ __device__ __forceinline__ const float* RowScales(const Args& a, int64_t j) {
   return s;
 }
 
-// The e4m3 bytes of w (the lowest first) as fp32 values times 2^-120: the sign to bit 31, the 7
-// magnitude bits to bits 26..20, so the e4m3 exponent field is the fp32 one (bias 7 read as bias
-// 127) and e4m3 subnormals become fp32 subnormals with the same mantissa. Exact; the caller
-// multiplies the block's sum by scale * 2^120.
-__device__ __forceinline__ void Fp8x4Scaled(uint32_t w, float f[4]) {
-  f[0] = __uint_as_float(((w << 24) & 0x80000000u) | ((w << 20) & 0x07F00000u));
-  f[1] = __uint_as_float(((w << 16) & 0x80000000u) | ((w << 12) & 0x07F00000u));
-  f[2] = __uint_as_float(((w << 8) & 0x80000000u) | ((w << 4) & 0x07F00000u));
-  f[3] = __uint_as_float((w & 0x80000000u) | ((w >> 4) & 0x07F00000u));
+// The e4m3 bytes of w (the lowest first) as fp32 values: exact (e4m3 values are f16 values),
+// two bytes widened to f16 at once, then each to fp32.
+__device__ __forceinline__ void Fp8x4(uint32_t w, float f[4]) {
+  const __half2_raw lo =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
+  const __half2_raw hi =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+  const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+  f[0] = a.x;
+  f[1] = a.y;
+  f[2] = b.x;
+  f[3] = b.y;
 }
 
 // Pass `pass` of row j: chunks (pass * C + u) * 32 + lane, zeros past the row's end (F: FP8,
@@ -114,7 +119,7 @@ __device__ __forceinline__ void LoadPass(const Args& a, int64_t j, int64_t pass,
 #pragma unroll
     for (int u = 0; u < C; ++u) {
       const int64_t q = (pass * C + u) * 32 + lane;
-      out.scale[u] = q < a.chunks ? __ldg(sr + q / 8) * 0x1p120f : 0.0f;
+      out.scale[u] = q < a.chunks ? __ldg(sr + q / 8) : 0.0f;
     }
   }
 }
@@ -245,8 +250,8 @@ __device__ __forceinline__ void Accumulate(const Args& a, const uint16_t* act, c
           const float av[8] = {Bf16Lo(av4.x), Bf16Hi(av4.x), Bf16Lo(av4.y), Bf16Hi(av4.y),
                                Bf16Lo(av4.z), Bf16Hi(av4.z), Bf16Lo(av4.w), Bf16Hi(av4.w)};
           float wv[8];
-          Fp8x4Scaled(words[2 * h], wv);
-          Fp8x4Scaled(words[2 * h + 1], wv + 4);
+          Fp8x4(words[2 * h], wv);
+          Fp8x4(words[2 * h + 1], wv + 4);
 #pragma unroll
           for (int e = 0; e < 8; ++e) s = fmaf(av[e], wv[e], s);
         }
