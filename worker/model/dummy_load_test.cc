@@ -134,16 +134,16 @@ void ExpectInPlaceEqualsHostGenerated(const ModelConfig& config) {
       ASSERT_EQ(x.experts.size(), y.experts.size());
       for (const auto& [e, m] : x.experts) same_mlp(m, y.experts.at(e), L + "expert");
     }
-    // embed, norm, lm_head; per layer 2 norms, q_a/q_a_norm/q_b and kv_a (or qkv_a),
-    // kv_a_norm/kv_b/w_uk_t, o_proj (10 or 7), then a dense MLP (2) or router, bias, shared (2)
-    // and 8 experts (16).
-    const int attention = config.q_lora_rank > 0 ? 10 : 7;
+    // embed, norm, lm_head; per layer 2 norms, qkv_a (q_a or q_proj stacked with kv_a),
+    // q_a_norm/q_b with q_lora, kv_a_norm/kv_b/w_uk_t, o_proj (9 or 7), then a dense MLP (2) or
+    // router, bias, shared (2) and 8 experts (16).
+    const int attention = config.q_lora_rank > 0 ? 9 : 7;
     EXPECT_EQ(compared, 3 + (attention + 2) + 2 * (attention + 20));
   }
 }
 
-// With q_lora (q_a, q_b) and without (q_proj stacked with kv_a into qkv_a, each part generated
-// with its own recipe).
+// With q_lora (q_a stacked with kv_a into qkv_a) and without (q_proj stacked with it), each part
+// generated with its own recipe.
 TEST(DummyLoadTest, ModelLoadedInPlaceEqualsHostGenerated) {
   for (const char* q_lora : {"48", "null"}) {
     absl::StatusOr<ModelConfig> c =

@@ -60,22 +60,22 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     DI_RETURN_IF_ERROR(
         ld.Load(p + "post_attention_layernorm.weight", {hid}, &L.post_attention_norm));
     const std::string a = p + "self_attn.";
-    const std::string kv_a = a + "kv_a_proj_with_mqa.weight";
-    if (c.q_lora_rank > 0) {
-      DI_RETURN_IF_ERROR(ld.LoadMatrix(a + "q_a_proj.weight", {c.q_lora_rank, hid}, &L.q_a));
+    // The query's first projection (q_a with q_lora, else q_proj) and kv_a: one matrix qkv_a
+    // where they stack.
+    const bool lora = c.q_lora_rank > 0;
+    const std::vector<std::string> names = {a + (lora ? "q_a_proj.weight" : "q_proj.weight"),
+                                            a + "kv_a_proj_with_mqa.weight"};
+    const std::vector<int64_t> rows = {lora ? c.q_lora_rank : nh * c.qk_head_dim(), kvl + rope};
+    if (ld.Stacks(names, rows, hid)) {
+      DI_RETURN_IF_ERROR(ld.LoadStacked(names, rows, hid, &L.qkv_a));
+    } else {
+      DI_RETURN_IF_ERROR(ld.LoadMatrix(names[0], {rows[0], hid}, lora ? &L.q_a : &L.q));
+      DI_RETURN_IF_ERROR(ld.LoadMatrix(names[1], {rows[1], hid}, &L.kv_a));
+    }
+    if (lora) {
       DI_RETURN_IF_ERROR(ld.Load(a + "q_a_layernorm.weight", {c.q_lora_rank}, &L.q_a_norm));
       DI_RETURN_IF_ERROR(
           ld.LoadMatrix(a + "q_b_proj.weight", {nh * c.qk_head_dim(), c.q_lora_rank}, &L.q_b));
-      DI_RETURN_IF_ERROR(ld.LoadMatrix(kv_a, {kvl + rope, hid}, &L.kv_a));
-    } else {
-      const std::vector<std::string> names = {a + "q_proj.weight", kv_a};
-      const std::vector<int64_t> rows = {nh * c.qk_head_dim(), kvl + rope};
-      if (ld.Stacks(names, rows, hid)) {
-        DI_RETURN_IF_ERROR(ld.LoadStacked(names, rows, hid, &L.qkv_a));
-      } else {
-        DI_RETURN_IF_ERROR(ld.LoadMatrix(names[0], {rows[0], hid}, &L.q));
-        DI_RETURN_IF_ERROR(ld.LoadMatrix(kv_a, {rows[1], hid}, &L.kv_a));
-      }
     }
     DI_RETURN_IF_ERROR(ld.Load(a + "kv_a_layernorm.weight", {kvl}, &L.kv_a_norm));
     ld.LoadKvB(a + "kv_b_proj.weight", nh, nope, vd, kvl, &L.kv_b, &L.w_uk_t);
@@ -201,7 +201,7 @@ int64_t ModelWeights::Fp8DequantScratchBytes(const ModelConfig& c, const LoadOpt
       c.q_lora_rank * hid,
       nh * c.qk_head_dim() * std::max<int64_t>(c.q_lora_rank, hid),
       kv_a_rows * hid,
-      c.q_lora_rank > 0 ? 0 : (nh * c.qk_head_dim() + kv_a_rows) * hid,  // qkv_a
+      ((c.q_lora_rank > 0 ? c.q_lora_rank : nh * c.qk_head_dim()) + kv_a_rows) * hid,  // qkv_a
       hid * nh * c.v_head_dim,
       2 * c.intermediate_size * hid,
       2 * c.moe_intermediate_size * std::max<int64_t>(1, c.n_shared_experts) * hid,
@@ -239,12 +239,13 @@ int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype
     const std::string m = absl::StrCat("model.layers.", l, ".mlp.");
     if (is_mtp) bytes += 3 * hid * f32 + 2 * hid * hid * mat;  // enorm, hnorm, head norm, eh_proj
     bytes += 2 * hid * f32;                                    // input / post-attention norms
+    // The query's first projection and kv_a: the same bytes stacked as qkv_a or not.
     if (c.q_lora_rank > 0) {
       bytes += matrix(a + "q_a_proj.weight", c.q_lora_rank, hid) +
                matrix(a + "q_b_proj.weight", nh * c.qk_head_dim(), c.q_lora_rank) +
                c.q_lora_rank * f32;
     } else {
-      bytes += matrix(a + "q_proj.weight", nh * c.qk_head_dim(), hid);  // in qkv_a or not alike
+      bytes += matrix(a + "q_proj.weight", nh * c.qk_head_dim(), hid);
     }
     bytes += matrix(a + "kv_a_proj_with_mqa.weight", kvl + rope, hid) + kvl * f32;  // + kv_a_norm
     bytes += (nh * (nope + vd) * kvl + nh * kvl * nope) * mat;                      // kv_b, uk_t
