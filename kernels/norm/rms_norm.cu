@@ -252,10 +252,12 @@ __device__ void AddRmsNormFp8Body(int64_t rows, int64_t dim, float* x, const flo
 
 // The vectorised body (AddRmsNormVectorised), one kernel per row size so that each has only
 // its own shared memory (kVec = 7: 28 KB); AddRmsNormF32 launches it only for rows it fits.
+// x's rows at stride ldx, the others contiguous.
 template <int kVec>
-__device__ void AddRmsNormVectorisedBody(int64_t dim, float* x, const float* y, const float* weight,
-                                         float eps, float* out, uint16_t* out_bf16) {
-  AddRmsNormVectorised<kVec>(dim, x + blockIdx.x * dim,
+__device__ void AddRmsNormVectorisedBody(int64_t dim, float* x, int64_t ldx, const float* y,
+                                         const float* weight, float eps, float* out,
+                                         uint16_t* out_bf16) {
+  AddRmsNormVectorised<kVec>(dim, x + blockIdx.x * ldx,
                              y != nullptr ? y + blockIdx.x * dim : nullptr, weight, eps,
                              out != nullptr ? out + blockIdx.x * dim : nullptr,
                              out_bf16 != nullptr ? out_bf16 + blockIdx.x * dim : nullptr);
@@ -266,10 +268,11 @@ bool Aligned(const void* p, uintptr_t bytes) {
 }
 
 // x += y (optional), then RmsNormKernel's arithmetic in the same order (each thread sums the
-// same elements, the same reduction), so out is bit for bit what AddF32 + RmsNormF32 give.
-__device__ void AddRmsNormBody(int64_t dim, float* x, const float* y, const float* weight,
-                               float eps, float* out, uint16_t* out_bf16) {
-  float* xr = x + blockIdx.x * dim;
+// same elements, the same reduction), so out is bit for bit what AddF32 + RmsNormF32 give. x's
+// rows at stride ldx, the others contiguous.
+__device__ void AddRmsNormBody(int64_t dim, float* x, int64_t ldx, const float* y,
+                               const float* weight, float eps, float* out, uint16_t* out_bf16) {
+  float* xr = x + blockIdx.x * ldx;
   const float* yr = y != nullptr ? y + blockIdx.x * dim : nullptr;
   float* orow = out != nullptr ? out + blockIdx.x * dim : nullptr;
   uint16_t* orow_bf16 = out_bf16 != nullptr ? out_bf16 + blockIdx.x * dim : nullptr;
@@ -301,28 +304,43 @@ __device__ void AddRmsNormBody(int64_t dim, float* x, const float* y, const floa
   }
 }
 
-}  // namespace
-
-cudaError_t AddRmsNormF32(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
-                          float eps, float* out, uint16_t* out_bf16, cudaStream_t stream) {
+// AddRmsNormF32 with x's rows at stride ldx.
+cudaError_t LaunchAddRmsNorm(int64_t rows, int64_t dim, float* x, int64_t ldx, const float* y,
+                             const float* weight, float eps, float* out, uint16_t* out_bf16,
+                             cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
-  if (rows > 0x7fffffff) return cudaErrorInvalidValue;
-  if (dim % 4 == 0 && dim <= kThreads * 28 && Aligned(x, 16) && Aligned(y, 16) &&
+  if (rows > 0x7fffffff || ldx < dim) return cudaErrorInvalidValue;
+  if (dim % 4 == 0 && ldx % 4 == 0 && dim <= kThreads * 28 && Aligned(x, 16) && Aligned(y, 16) &&
       Aligned(weight, 16) && Aligned(out, 16) && Aligned(out_bf16, 8)) {
     const unsigned grid = static_cast<unsigned>(rows);
     if (dim <= kThreads * 8) {
       return LaunchAfterPrecedingGrids<AddRmsNormVectorisedBody<2>, kThreads>(
-          grid, 0, stream, dim, x, y, weight, eps, out, out_bf16);
+          grid, 0, stream, dim, x, ldx, y, weight, eps, out, out_bf16);
     }
     if (dim <= kThreads * 16) {
       return LaunchAfterPrecedingGrids<AddRmsNormVectorisedBody<4>, kThreads>(
-          grid, 0, stream, dim, x, y, weight, eps, out, out_bf16);
+          grid, 0, stream, dim, x, ldx, y, weight, eps, out, out_bf16);
     }
     return LaunchAfterPrecedingGrids<AddRmsNormVectorisedBody<7>, kThreads>(
-        grid, 0, stream, dim, x, y, weight, eps, out, out_bf16);
+        grid, 0, stream, dim, x, ldx, y, weight, eps, out, out_bf16);
   }
-  return LaunchAfterPrecedingGrids<AddRmsNormBody, kThreads>(static_cast<unsigned>(rows), 0, stream,
-                                                             dim, x, y, weight, eps, out, out_bf16);
+  return LaunchAfterPrecedingGrids<AddRmsNormBody, kThreads>(
+      static_cast<unsigned>(rows), 0, stream, dim, x, ldx, y, weight, eps, out, out_bf16);
+}
+
+}  // namespace
+
+cudaError_t AddRmsNormF32(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
+                          float eps, float* out, uint16_t* out_bf16, cudaStream_t stream) {
+  return LaunchAddRmsNorm(rows, dim, x, dim, y, weight, eps, out, out_bf16, stream);
+}
+
+cudaError_t StridedRmsNormF32(int64_t rows, int64_t dim, const float* x, int64_t ldx,
+                              const float* weight, float eps, float* out, uint16_t* out_bf16,
+                              cudaStream_t stream) {
+  // Without y the kernels only read x.
+  return LaunchAddRmsNorm(rows, dim, const_cast<float*>(x), ldx, nullptr, weight, eps, out,
+                          out_bf16, stream);
 }
 
 bool AddRmsNormFp8Supports(int64_t rows, int64_t dim, const float* x, const float* y,

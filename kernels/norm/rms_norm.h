@@ -53,6 +53,13 @@ cudaError_t AddRmsNormFp8(int64_t rows, int64_t dim, float* x, const float* y, c
                           float eps, float* out, uint16_t* out_bf16, const RmsNormFp8Out& fp8,
                           cudaStream_t stream);
 
+// AddRmsNormF32 without y over rows of x at stride ldx >= dim (a column slice of a wider matrix,
+// only read), out and out_bf16 contiguous [rows, dim]: bit for bit AddRmsNormF32 on a
+// contiguous copy of the rows (the 16-byte-access kernel also needs ldx % 4 == 0).
+cudaError_t StridedRmsNormF32(int64_t rows, int64_t dim, const float* x, int64_t ldx,
+                              const float* weight, float eps, float* out, uint16_t* out_bf16,
+                              cudaStream_t stream);
+
 }  // namespace kernels
 }  // namespace deepinfer
 

@@ -184,6 +184,53 @@ TEST(RmsNormKernelTest, VectorisedAddRmsNormIsBitForBitTheScalarKernel) {
   }
 }
 
+// StridedRmsNormF32 (rows of a wider matrix, as the query half of a stacked q_a and kv_a GEMM's
+// output) bit for bit against AddRmsNormF32 without y on a contiguous copy of the rows, both
+// outputs, the 16-byte-access kernel (ldx % 4 == 0) and the scalar one; x unchanged; and
+// against the CPU backend.
+TEST(RmsNormKernelTest, StridedRowsAreBitForBitAddRmsNormOfTheirCopy) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  CpuBackend cpu(2);
+  for (int64_t dim : {7, 512, 1536, 2049, 7169}) {
+    for (int64_t pad : {0, 3, 576}) {
+      for (int64_t rows : {1, 5, 130}) {
+        const uint32_t seed = testing::FreshSeed();
+        SCOPED_TRACE(::testing::Message()
+                     << "dim " << dim << " pad " << pad << " rows " << rows << " seed " << seed);
+        const int64_t ldx = dim + pad, n = rows * dim;
+        auto x = testing::RandomFloats(rows * ldx, seed, 3.0f);
+        auto w = testing::RandomFloats(dim, seed + 1);
+        const float eps = 1e-6f;
+        std::vector<float> packed(n);
+        for (int64_t r = 0; r < rows; ++r) {
+          std::copy(x.begin() + r * ldx, x.begin() + r * ldx + dim, packed.begin() + r * dim);
+        }
+        DeviceArray<float> dx(x), dpacked(packed), dw(w), dout(n), wout(n);
+        DeviceArray<uint16_t> dbf16(n), wbf16(n);
+        dout.Poison();
+        dbf16.Poison();
+        DEEPINFER_CUDA_OK(kernels::StridedRmsNormF32(rows, dim, dx.get(), ldx, dw.get(), eps,
+                                                     dout.get(), dbf16.get(), nullptr));
+        DEEPINFER_CUDA_OK(kernels::AddRmsNormF32(rows, dim, dpacked.get(), nullptr, dw.get(), eps,
+                                                 wout.get(), wbf16.get(), nullptr));
+        std::vector<float> got_x, got_out, want_out;
+        std::vector<uint16_t> got_bf16, want_bf16;
+        DEEPINFER_CUDA_OK(dx.Download(&got_x));
+        DEEPINFER_CUDA_OK(dout.Download(&got_out));
+        DEEPINFER_CUDA_OK(wout.Download(&want_out));
+        DEEPINFER_CUDA_OK(dbf16.Download(&got_bf16));
+        DEEPINFER_CUDA_OK(wbf16.Download(&want_bf16));
+        EXPECT_TRUE(AllClose(got_x, x, 0, 0));
+        EXPECT_TRUE(AllClose(got_out, want_out, 0, 0));
+        EXPECT_EQ(got_bf16, want_bf16);
+        std::vector<float> cpu_out(n);
+        cpu.RmsNorm(rows, dim, x.data(), ldx, w.data(), eps, cpu_out.data(), dim);
+        EXPECT_TRUE(AllClose(got_out, cpu_out, 1e-5, 1e-5));
+      }
+    }
+  }
+}
+
 // RmsNormF32's kernels (one warp per row up to 2048 wide, register-held rows up to 16384, the
 // loop beyond) against AddRmsNormF32 without y on a contiguous copy of the rows, whose reduction
 // is the same order (the test above ties it to the unfused kernel), bit for bit: strided rows,

@@ -527,6 +527,10 @@ class Backend {
   // each optional (null: not written); neither may alias x or y.
   virtual void AddRmsNorm(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
                           float eps, float* out, uint16_t* out_bf16) = 0;
+  // AddRmsNorm's out_bf16 without y for rows of x at stride ldx (a column slice of a wider
+  // matrix, only read), into contiguous out_bf16 [rows, dim]: the same values.
+  virtual void RmsNormBf16(int64_t rows, int64_t dim, const float* x, int64_t ldx,
+                           const float* weight, float eps, uint16_t* out_bf16) = 0;
   // AddRmsNorm(rows, dim, x, y, weight, eps, normed, normed_bf16), then for each g of gemms
   // Gemm(rows, g.n, dim, the normed rows (normed_bf16 if set, else normed), dim, g.w, g.ldw, g.c,
   // g.ldc, false): the GEMMs that read one norm's output (attention's q and kv_a projections).

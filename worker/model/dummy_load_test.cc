@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
@@ -79,25 +80,16 @@ TEST(DummyLoadTest, BackendFillEqualsReadAndUpload) {
   }
 }
 
-TEST(DummyLoadTest, ModelLoadedInPlaceEqualsHostGenerated) {
-  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(R"({
-    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-    "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
-    "num_hidden_layers": 3, "first_k_dense_replace": 1, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 1,
-    "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "norm_topk_prob": true,
-    "routed_scaling_factor": 2.5, "vocab_size": 300, "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 256, "tie_word_embeddings": false})",
-                                                         "inline test config");
-  ASSERT_TRUE(c.ok()) << c.status();
+// Every buffer of `config`'s model loaded in place and from host-generated values, in fp32 and
+// bf16: the same bytes.
+void ExpectInPlaceEqualsHostGenerated(const ModelConfig& config) {
   for (WeightDType dtype : {WeightDType::kFloat32, WeightDType::kBFloat16}) {
-    SCOPED_TRACE(WeightDTypeName(dtype));
+    SCOPED_TRACE(absl::StrCat(WeightDTypeName(dtype), " q_lora ", config.q_lora_rank));
     CpuBackend be(2, dtype);
     DummyWeightSource dummy(5);
     ReadOnlySource host_only(&dummy);
-    auto in_place = ModelWeights::Load(*c, &dummy, &be, {});
-    auto from_host = ModelWeights::Load(*c, &host_only, &be, {});
+    auto in_place = ModelWeights::Load(config, &dummy, &be, {});
+    auto from_host = ModelWeights::Load(config, &host_only, &be, {});
     ASSERT_TRUE(in_place.ok()) << in_place.status();
     ASSERT_TRUE(from_host.ok()) << from_host.status();
     const ModelWeights& a = **in_place;
@@ -130,6 +122,7 @@ TEST(DummyLoadTest, ModelLoadedInPlaceEqualsHostGenerated) {
       same(x.q_b.data, y.q_b.data, L + "q_b");
       same(x.q.data, y.q.data, L + "q");
       same(x.kv_a.data, y.kv_a.data, L + "kv_a");
+      same(x.qkv_a.data, y.qkv_a.data, L + "qkv_a");
       same(x.kv_a_norm, y.kv_a_norm, L + "kv_a_norm");
       same(x.kv_b, y.kv_b, L + "kv_b");
       same(x.w_uk_t, y.w_uk_t, L + "w_uk_t");
@@ -141,10 +134,67 @@ TEST(DummyLoadTest, ModelLoadedInPlaceEqualsHostGenerated) {
       ASSERT_EQ(x.experts.size(), y.experts.size());
       for (const auto& [e, m] : x.experts) same_mlp(m, y.experts.at(e), L + "expert");
     }
-    // embed, norm, lm_head; per layer 2 norms, q_a/q_a_norm/q_b, kv_a/kv_a_norm/kv_b/w_uk_t,
-    // o_proj (10), then a dense MLP (2) or router, bias, shared (2) and 8 experts (16).
-    EXPECT_EQ(compared, 3 + (10 + 2) + 2 * (10 + 20));
+    // embed, norm, lm_head; per layer 2 norms, qkv_a (q_a or q_proj stacked with kv_a),
+    // q_a_norm/q_b with q_lora, kv_a_norm/kv_b/w_uk_t, o_proj (9 or 7), then a dense MLP (2) or
+    // router, bias, shared (2) and 8 experts (16).
+    const int attention = config.q_lora_rank > 0 ? 9 : 7;
+    EXPECT_EQ(compared, 3 + (attention + 2) + 2 * (attention + 20));
   }
+}
+
+// With q_lora (q_a stacked with kv_a into qkv_a) and without (q_proj stacked with it), each part
+// generated with its own recipe.
+TEST(DummyLoadTest, ModelLoadedInPlaceEqualsHostGenerated) {
+  for (const char* q_lora : {"48", "null"}) {
+    absl::StatusOr<ModelConfig> c =
+        ModelConfig::FromJson(absl::StrCat(R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+    "num_hidden_layers": 3, "first_k_dense_replace": 1, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "q_lora_rank": )",
+                                           q_lora, R"(, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 1,
+    "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "norm_topk_prob": true,
+    "routed_scaling_factor": 2.5, "vocab_size": 300, "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 256, "tie_word_embeddings": false})"),
+                              "inline test config");
+    ASSERT_TRUE(c.ok()) << c.status();
+    ExpectInPlaceEqualsHostGenerated(*c);
+  }
+}
+
+// The rows of qkv_a are q_proj's then kv_a_proj_with_mqa's, as the source makes them.
+TEST(DummyLoadTest, StackedQueryAndKvAreThePartsOneAfterTheOther) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+    "num_hidden_layers": 1, "first_k_dense_replace": 1, "num_attention_heads": 2,
+    "num_key_value_heads": 2, "q_lora_rank": null, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 1,
+    "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "norm_topk_prob": true,
+    "routed_scaling_factor": 2.5, "vocab_size": 300, "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 256, "tie_word_embeddings": false})",
+                                                        "inline test config");
+  ASSERT_TRUE(c.ok()) << c.status();
+  DummyWeightSource src(9);
+  CpuBackend be(1, WeightDType::kFloat32);
+  auto w = ModelWeights::Load(*c, &src, &be, {});
+  ASSERT_TRUE(w.ok()) << w.status();
+  const LayerWeights& L = (*w)->layers[0];
+  EXPECT_EQ(L.q.data, nullptr);
+  EXPECT_EQ(L.kv_a.data, nullptr);
+  ASSERT_NE(L.qkv_a.data, nullptr);
+  const int64_t hid = 64, q_rows = 2 * (16 + 8), kv_rows = 32 + 8;
+  std::vector<float> want((q_rows + kv_rows) * hid);
+  ASSERT_TRUE(
+      src.ReadFloat32("model.layers.0.self_attn.q_proj.weight", {q_rows, hid}, want.data()).ok());
+  ASSERT_TRUE(src.ReadFloat32("model.layers.0.self_attn.kv_a_proj_with_mqa.weight", {kv_rows, hid},
+                              want.data() + q_rows * hid)
+                  .ok());
+  std::vector<float> got(want.size());
+  ASSERT_EQ(L.qkv_a.data->size_bytes(), got.size() * sizeof(float));
+  be.CopyToHost(L.qkv_a.data->data(), got.size() * sizeof(float), got.data());
+  EXPECT_EQ(got, want);
 }
 
 }  // namespace

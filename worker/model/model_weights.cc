@@ -2,7 +2,9 @@
 #include "worker/model/model_weights.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "worker/model/mxfp4_quantize.h"
@@ -58,15 +60,23 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     DI_RETURN_IF_ERROR(
         ld.Load(p + "post_attention_layernorm.weight", {hid}, &L.post_attention_norm));
     const std::string a = p + "self_attn.";
-    if (c.q_lora_rank > 0) {
-      DI_RETURN_IF_ERROR(ld.LoadMatrix(a + "q_a_proj.weight", {c.q_lora_rank, hid}, &L.q_a));
+    // The query's first projection (q_a with q_lora, else q_proj) and kv_a: one matrix qkv_a
+    // where they stack.
+    const bool lora = c.q_lora_rank > 0;
+    const std::vector<std::string> names = {a + (lora ? "q_a_proj.weight" : "q_proj.weight"),
+                                            a + "kv_a_proj_with_mqa.weight"};
+    const std::vector<int64_t> rows = {lora ? c.q_lora_rank : nh * c.qk_head_dim(), kvl + rope};
+    if (ld.Stacks(names, rows, hid)) {
+      DI_RETURN_IF_ERROR(ld.LoadStacked(names, rows, hid, &L.qkv_a));
+    } else {
+      DI_RETURN_IF_ERROR(ld.LoadMatrix(names[0], {rows[0], hid}, lora ? &L.q_a : &L.q));
+      DI_RETURN_IF_ERROR(ld.LoadMatrix(names[1], {rows[1], hid}, &L.kv_a));
+    }
+    if (lora) {
       DI_RETURN_IF_ERROR(ld.Load(a + "q_a_layernorm.weight", {c.q_lora_rank}, &L.q_a_norm));
       DI_RETURN_IF_ERROR(
           ld.LoadMatrix(a + "q_b_proj.weight", {nh * c.qk_head_dim(), c.q_lora_rank}, &L.q_b));
-    } else {
-      DI_RETURN_IF_ERROR(ld.LoadMatrix(a + "q_proj.weight", {nh * c.qk_head_dim(), hid}, &L.q));
     }
-    DI_RETURN_IF_ERROR(ld.LoadMatrix(a + "kv_a_proj_with_mqa.weight", {kvl + rope, hid}, &L.kv_a));
     DI_RETURN_IF_ERROR(ld.Load(a + "kv_a_layernorm.weight", {kvl}, &L.kv_a_norm));
     ld.LoadKvB(a + "kv_b_proj.weight", nh, nope, vd, kvl, &L.kv_b, &L.w_uk_t);
     DI_RETURN_IF_ERROR(ld.LoadMatrix(a + "o_proj.weight", {hid, nh * vd}, &L.o_proj));
@@ -186,10 +196,12 @@ absl::StatusOr<std::vector<std::map<int64_t, MlpWeights>>> ModelWeights::LoadRou
 int64_t ModelWeights::Fp8DequantScratchBytes(const ModelConfig& c, const LoadOptions& options) {
   if (!options.keep_fp8) return 0;
   const int64_t hid = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t kv_a_rows = c.kv_lora_rank + c.qk_rope_head_dim;
   const int64_t shapes[] = {
       c.q_lora_rank * hid,
       nh * c.qk_head_dim() * std::max<int64_t>(c.q_lora_rank, hid),
-      (c.kv_lora_rank + c.qk_rope_head_dim) * hid,
+      kv_a_rows * hid,
+      ((c.q_lora_rank > 0 ? c.q_lora_rank : nh * c.qk_head_dim()) + kv_a_rows) * hid,  // qkv_a
       hid * nh * c.v_head_dim,
       2 * c.intermediate_size * hid,
       2 * c.moe_intermediate_size * std::max<int64_t>(1, c.n_shared_experts) * hid,
@@ -227,6 +239,7 @@ int64_t ModelWeights::DeviceBytes(const ModelConfig& c, WeightDType matrix_dtype
     const std::string m = absl::StrCat("model.layers.", l, ".mlp.");
     if (is_mtp) bytes += 3 * hid * f32 + 2 * hid * hid * mat;  // enorm, hnorm, head norm, eh_proj
     bytes += 2 * hid * f32;                                    // input / post-attention norms
+    // The query's first projection and kv_a: the same bytes stacked as qkv_a or not.
     if (c.q_lora_rank > 0) {
       bytes += matrix(a + "q_a_proj.weight", c.q_lora_rank, hid) +
                matrix(a + "q_b_proj.weight", nh * c.qk_head_dim(), c.q_lora_rank) +

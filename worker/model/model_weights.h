@@ -87,11 +87,16 @@ struct MlpWeights {
 
 struct LayerWeights {
   std::unique_ptr<DeviceBuffer> input_norm, post_attention_norm;
-  // MLA. With q_lora: q_a [q_lora, hidden], q_a_norm, q_b [heads*qk_head, q_lora]; else q.
-  // q_a, q_b, q are matrices.
+  // MLA. With q_lora: q_a [q_lora, hidden], q_a_norm, q_b [heads*qk_head, q_lora]; else q
+  // [heads*qk_head, hidden]; kv_a [kv_lora + rope, hidden] either way. Where the query's first
+  // projection (q_a, else q) and kv_a stack (WeightLoader::Stacks) they are one matrix qkv_a
+  // [q_lora (else heads*qk_head) + kv_lora + rope, hidden], the query part's rows first, so that
+  // one GEMM makes each token's [qa (else q) | kv] row, and q_a / q and kv_a are empty. q_a, q_b,
+  // q, kv_a, qkv_a are matrices.
   MatrixBuffer q_a, q_b, q;
   std::unique_ptr<DeviceBuffer> q_a_norm;
-  MatrixBuffer kv_a;                        // matrix [kv_lora + rope, hidden]
+  MatrixBuffer kv_a;
+  MatrixBuffer qkv_a;
   std::unique_ptr<DeviceBuffer> kv_a_norm;  // [kv_lora]
   std::unique_ptr<DeviceBuffer> kv_b;  // matrix [heads * (nope + v), kv_lora] as in the checkpoint
   std::unique_ptr<DeviceBuffer> w_uk_t;  // matrix [heads, kv_lora, nope]: key half, transposed

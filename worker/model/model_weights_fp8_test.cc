@@ -1,8 +1,9 @@
 // ModelWeights with LoadOptions::keep_fp8 on the FP8-stored dsv3_yarn_nolora fixture: the
 // matrices the checkpoint stores FP8 stay FP8 (their bytes and scales exactly as stored, the
-// scale rows' stride padded to 4; gate and up stacked with their scale grids), the others (bf16
-// routed experts, kv_b, lm_head) are in the backend's dtype, and DeviceBytes (the memory plan)
-// counts exactly what Load allocates. Runs on the CPU backend: loading only, no FP8 arithmetic.
+// scale rows' stride padded to 4; gate and up, q_proj and kv_a stacked with their scale grids),
+// the others (bf16 routed experts, kv_b, lm_head) are in the backend's dtype, and DeviceBytes
+// (the memory plan) counts exactly what Load allocates. Runs on the CPU backend: loading only,
+// no FP8 arithmetic.
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -70,11 +71,12 @@ TEST_F(ModelWeightsFp8Test, StoredFp8MatricesStayFp8AndThePlanCountsThem) {
   for (size_t l = 0; l < m.layers.size(); ++l) {
     SCOPED_TRACE("layer " + std::to_string(l));
     const LayerWeights& L = m.layers[l];
-    EXPECT_TRUE(L.q.fp8());
-    EXPECT_TRUE(L.kv_a.fp8());
+    EXPECT_TRUE(L.qkv_a.fp8());  // q_proj and kv_a_proj_with_mqa stacked
+    EXPECT_EQ(L.q.data, nullptr);
+    EXPECT_EQ(L.kv_a.data, nullptr);
     EXPECT_TRUE(L.o_proj.fp8());
     EXPECT_EQ(m.Matrix(L.o_proj).dtype, WeightDType::kFp8E4M3);
-    fp8_matrices += 3;
+    fp8_matrices += 2;
     if (!L.moe) {
       EXPECT_TRUE(L.dense.gate_up.fp8());
       EXPECT_TRUE(L.dense.down.fp8());
@@ -89,7 +91,7 @@ TEST_F(ModelWeightsFp8Test, StoredFp8MatricesStayFp8AndThePlanCountsThem) {
       }
     }
   }
-  EXPECT_EQ(fp8_matrices, 4 * 3 + 2 * 2 + 2 * 2);
+  EXPECT_EQ(fp8_matrices, 4 * 2 + 2 * 2 + 2 * 2);
 
   // The o_proj of layer 1 as stored: [128, 128] bytes, one scale.
   auto stored = source_->ReadFp8("model.layers.1.self_attn.o_proj.weight", {128, 128});
@@ -117,6 +119,46 @@ TEST_F(ModelWeightsFp8Test, StoredFp8MatricesStayFp8AndThePlanCountsThem) {
   EXPECT_EQ(v.fp8.scale_ld, 4);
 }
 
+// q_proj [4 heads x 48, 128] and kv_a_proj_with_mqa [64 + 16, 128] as one matrix: the bytes
+// and the scale grids one after the other, the second grid starting at row 192 (q's 192 rows
+// end inside a 128-row block).
+TEST_F(ModelWeightsFp8Test, QueryAndKvAStackWithTheirScaleGrids) {
+  auto w = ModelWeights::Load(config_, source_.get(), &be_, keep_);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const MatrixBuffer& qkv = (*w)->layers[1].qkv_a;
+  auto q = source_->ReadFp8("model.layers.1.self_attn.q_proj.weight", {192, 128});
+  auto kv = source_->ReadFp8("model.layers.1.self_attn.kv_a_proj_with_mqa.weight", {80, 128});
+  ASSERT_TRUE(q.ok() && q->has_value() && kv.ok() && kv->has_value());
+  ASSERT_EQ((*q)->scales.size(), 2u);
+  ASSERT_EQ((*kv)->scales.size(), 1u);
+  std::vector<uint8_t> bytes = (*q)->data;
+  bytes.insert(bytes.end(), (*kv)->data.begin(), (*kv)->data.end());
+  std::vector<float> scales = (*q)->scales;
+  scales.insert(scales.end(), (*kv)->scales.begin(), (*kv)->scales.end());
+  EXPECT_EQ(Read<uint8_t>(be_, *qkv.data), bytes);
+  EXPECT_EQ(Read<float>(be_, *qkv.fp8_scales), PaddedScaleRows(scales, 1));
+  EXPECT_EQ(qkv.split_rows, 192);
+  EXPECT_EQ(qkv.scale_ld, 4);
+}
+
+// Where only one of the two is kept FP8 they stay two matrices.
+TEST_F(ModelWeightsFp8Test, QueryAndKvAOfDifferentFormsStayApart) {
+  LoadOptions options;
+  options.keep_fp8 = [src = source_.get()](const std::string& name) {
+    return src->StoresFp8(name) && name.find("kv_a_proj") == std::string::npos;
+  };
+  auto w = ModelWeights::Load(config_, source_.get(), &be_, options);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (const LayerWeights& L : (*w)->layers) {
+    EXPECT_EQ(L.qkv_a.data, nullptr);
+    EXPECT_TRUE(L.q.fp8());
+    ASSERT_NE(L.kv_a.data, nullptr);
+    EXPECT_FALSE(L.kv_a.fp8());
+  }
+  EXPECT_EQ((*w)->device_bytes,
+            ModelWeights::DeviceBytes(config_, WeightDType::kBFloat16, options));
+}
+
 TEST_F(ModelWeightsFp8Test, DequantScratchIsTheLargestMatrixInBf16) {
   // dsv3_yarn_nolora: the dense [gate; up] (2 x 256 x 128) is its largest projection or MLP.
   EXPECT_EQ(ModelWeights::Fp8DequantScratchBytes(config_, keep_), 2 * 256 * 128 * 2);
@@ -127,7 +169,8 @@ TEST_F(ModelWeightsFp8Test, WithoutKeepFp8EverythingIsTheBackendsDtype) {
   auto w = ModelWeights::Load(config_, source_.get(), &be_, {});
   ASSERT_TRUE(w.ok()) << w.status();
   for (const LayerWeights& L : (*w)->layers) {
-    EXPECT_FALSE(L.q.fp8());
+    ASSERT_NE(L.qkv_a.data, nullptr);
+    EXPECT_FALSE(L.qkv_a.fp8());
     EXPECT_FALSE(L.o_proj.fp8());
   }
   EXPECT_EQ((*w)->device_bytes, ModelWeights::DeviceBytes(config_, WeightDType::kBFloat16, {}));

@@ -49,6 +49,7 @@ void Collect(const ModelWeights& w, std::vector<std::pair<std::string, const Dev
     matrix(p + "q", L.q);
     add(p + "q_a_norm", L.q_a_norm);
     matrix(p + "kv_a", L.kv_a);
+    matrix(p + "qkv_a", L.qkv_a);
     add(p + "kv_a_norm", L.kv_a_norm);
     add(p + "kv_b", L.kv_b);
     add(p + "w_uk_t", L.w_uk_t);

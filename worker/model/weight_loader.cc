@@ -122,47 +122,111 @@ bool WeightLoader::KeepsFp8(const std::string& name) {
   return keep_fp8_ && keep_fp8_(name) && src_->StoresFp8(name);
 }
 
-void WeightLoader::LoadFp8(const std::vector<std::string>& names, int64_t rows, int64_t cols,
-                           MatrixBuffer* out) {
-  const int64_t k = static_cast<int64_t>(names.size());
+void WeightLoader::LoadFp8(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
+                           int64_t cols, int64_t split_rows, MatrixBuffer* out) {
   const int64_t blocks = Fp8ScaleBlocks(cols), stride = Fp8ScaleStride(cols);
-  const int64_t scale_rows = Fp8ScaleBlocks(rows);
   out->scale_ld = stride;
-  out->split_rows = k > 1 ? rows : 0;
-  const std::vector<int64_t> shape = {rows, cols};
-  const size_t data_bytes = static_cast<size_t>(rows * cols);
-  const size_t scale_bytes = static_cast<size_t>(scale_rows * stride) * sizeof(float);
+  out->split_rows = split_rows;
+  size_t data_bytes = 0, scale_bytes = 0;
+  for (int64_t r : rows) {
+    data_bytes += static_cast<size_t>(r * cols);
+    scale_bytes += static_cast<size_t>(Fp8ScaleBlocks(r) * stride) * sizeof(float);
+  }
   WeightSource* src = src_;
-  uploader_.Add(src_->ShardOf(names[0]), {k * data_bytes, k * scale_bytes},
-                {&out->data, &out->fp8_scales}, 0,
-                [src, names, shape, data_bytes, scale_bytes, blocks, stride,
-                 scale_rows](const std::vector<char*>& dst) -> absl::Status {
-                  for (size_t i = 0; i < names.size(); ++i) {
-                    auto t = src->ReadFp8(names[i], shape);
-                    if (!t.ok()) return t.status();
-                    if (!t->has_value() || (*t)->data.size() != data_bytes ||
-                        static_cast<int64_t>((*t)->scales.size()) != scale_rows * blocks) {
-                      return absl::InternalError(
-                          absl::StrCat(src->description(), ": '", names[i],
-                                       "' is not the FP8 tensor its header describes"));
-                    }
-                    std::memcpy(dst[0] + i * data_bytes, (*t)->data.data(), data_bytes);
-                    float* scales = reinterpret_cast<float*>(dst[1] + i * scale_bytes);
-                    std::fill(scales, scales + scale_rows * stride, 0.0f);
-                    for (int64_t r = 0; r < scale_rows; ++r) {
-                      std::copy((*t)->scales.begin() + r * blocks,
-                                (*t)->scales.begin() + (r + 1) * blocks, scales + r * stride);
-                    }
-                  }
-                  return absl::OkStatus();
-                });
+  uploader_.Add(
+      src_->ShardOf(names[0]), {data_bytes, scale_bytes}, {&out->data, &out->fp8_scales}, 0,
+      [src, names, rows, cols, blocks, stride](const std::vector<char*>& dst) -> absl::Status {
+        char* data = dst[0];
+        float* scales = reinterpret_cast<float*>(dst[1]);
+        for (size_t i = 0; i < names.size(); ++i) {
+          const size_t part_bytes = static_cast<size_t>(rows[i] * cols);
+          const int64_t scale_rows = Fp8ScaleBlocks(rows[i]);
+          auto t = src->ReadFp8(names[i], {rows[i], cols});
+          if (!t.ok()) return t.status();
+          if (!t->has_value() || (*t)->data.size() != part_bytes ||
+              static_cast<int64_t>((*t)->scales.size()) != scale_rows * blocks) {
+            return absl::InternalError(
+                absl::StrCat(src->description(), ": '", names[i],
+                             "' is not the FP8 tensor its header describes"));
+          }
+          std::memcpy(data, (*t)->data.data(), part_bytes);
+          std::fill(scales, scales + scale_rows * stride, 0.0f);
+          for (int64_t r = 0; r < scale_rows; ++r) {
+            std::copy((*t)->scales.begin() + r * blocks, (*t)->scales.begin() + (r + 1) * blocks,
+                      scales + r * stride);
+          }
+          data += part_bytes;
+          scales += scale_rows * stride;
+        }
+        return absl::OkStatus();
+      });
+}
+
+bool WeightLoader::Stacks(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
+                          int64_t cols) {
+  size_t fp8 = 0, generated = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    fp8 += KeepsFp8(names[i]) ? 1 : 0;
+    generated += Generated(names[i], {rows[i], cols}) ? 1 : 0;
+  }
+  if (fp8 == names.size()) {
+    // The stacked grid restarts at most once (split_rows): past two parts, every part but the
+    // last must fill whole 128-row blocks.
+    if (names.size() <= 2) return true;
+    for (size_t i = 0; i + 1 < rows.size(); ++i) {
+      if (rows[i] % 128 != 0) return false;
+    }
+    return true;
+  }
+  return fp8 == 0 && (generated == 0 || generated == names.size());
+}
+
+absl::Status WeightLoader::LoadStacked(const std::vector<std::string>& names,
+                                       const std::vector<int64_t>& rows, int64_t cols,
+                                       MatrixBuffer* out) {
+  if (names.empty() || names.size() != rows.size() || !Stacks(names, rows, cols)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", names.empty() ? std::string() : names[0],
+                                                   "' and the matrices after it do not stack"));
+  }
+  *out = MatrixBuffer();
+  if (KeepsFp8(names[0])) {
+    LoadFp8(names, rows, cols, names.size() > 1 && rows[0] % 128 != 0 ? rows[0] : 0, out);
+    return absl::OkStatus();
+  }
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  if (Generated(names[0], {rows[0], cols})) {  // made in place, each part with its own recipe
+    const WeightDType dtype = be_->weight_dtype();
+    const int64_t elem = static_cast<int64_t>(WeightDTypeSize(dtype));
+    out->data = be_->Allocate(static_cast<size_t>(total * cols * elem));
+    char* part = static_cast<char*>(out->data->data());
+    for (size_t i = 0; i < names.size(); ++i) {
+      const int64_t n = rows[i] * cols;
+      be_->FillDummy(*src_->DummyFillFor(names[i], {rows[i], cols}), n, dtype, part);
+      part += n * elem;
+    }
+    bytes_ += out->data->size_bytes();
+    return absl::OkStatus();
+  }
+  WeightSource* src = src_;
+  AddMatrices(src_->ShardOf(names[0]), {total * cols}, {&out->data},
+              [src, names, rows, cols](std::vector<std::vector<float>>* v) {
+                float* part = (*v)[0].data();
+                for (size_t i = 0; i < names.size(); ++i) {
+                  absl::Status st = src->ReadFloat32(names[i], {rows[i], cols}, part);
+                  if (!st.ok()) return st;
+                  part += rows[i] * cols;
+                }
+                return absl::OkStatus();
+              });
+  return absl::OkStatus();
 }
 
 absl::Status WeightLoader::LoadMatrix(const std::string& name, const std::vector<int64_t>& shape,
                                       MatrixBuffer* out) {
   *out = MatrixBuffer();
   if (KeepsFp8(name)) {
-    LoadFp8({name}, shape[0], shape[1], out);
+    LoadFp8({name}, {shape[0]}, shape[1], 0, out);
     return absl::OkStatus();
   }
   return LoadMatrix(name, shape, &out->data);
@@ -179,7 +243,7 @@ absl::Status WeightLoader::LoadMlp(const std::string& gate, const std::string& u
                                    MlpWeights* m) {
   m->inter = inter;
   if (KeepsFp8(gate) && KeepsFp8(up)) {
-    LoadFp8({gate, up}, inter, hidden, &m->gate_up);
+    LoadFp8({gate, up}, {inter, inter}, hidden, inter, &m->gate_up);
     return LoadMatrix(down, {hidden, inter}, &m->down);
   }
   const std::optional<DummyFill> gate_fill = src_->DummyFillFor(gate, {inter, hidden});

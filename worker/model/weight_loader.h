@@ -67,6 +67,16 @@ class WeightLoader {
   // A 2-D matrix, FP8 with its scales where KeepsFp8(name), else in the weight dtype.
   absl::Status LoadMatrix(const std::string& name, const std::vector<int64_t>& shape,
                           MatrixBuffer* out);
+  // Matrices names[i] [rows[i], cols] stacked by rows into one [sum of rows, cols] matrix,
+  // names[0]'s rows first, each part's values as LoadMatrix would make them: FP8 with the parts'
+  // scale grids stacked where every part is kept FP8 (MatrixBuffer::split_rows: where the second
+  // part's grid starts, 0 where the first part's rows fill whole 128-row blocks; at most two
+  // parts then), made in place with each part's own recipe where the source generates every
+  // part, else read and converted to the weight dtype. Stacks() says whether the parts allow it.
+  bool Stacks(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
+              int64_t cols);
+  absl::Status LoadStacked(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
+                           int64_t cols, MatrixBuffer* out);
   // A SwiGLU MLP: gate and up [inter, hidden] stacked into one [2 * inter, hidden] matrix (FP8
   // where both are kept FP8: the bytes and the scale grids stacked, split at inter rows), down
   // [hidden, inter]. The first form names them prefix + {gate,up,down}_proj.weight.
@@ -114,10 +124,10 @@ class WeightLoader {
                    std::function<absl::Status(std::vector<std::vector<float>>*)> read,
                    int64_t extra_scratch = 0);
   // FP8 bytes as stored and their scales' rows (Fp8ScaleBlocks(cols) each) with the stride
-  // Fp8ScaleStride(cols), the padding zero, of the tensors `names`, each [rows, cols], stacked
-  // (split at the first one's rows when there are two).
-  void LoadFp8(const std::vector<std::string>& names, int64_t rows, int64_t cols,
-               MatrixBuffer* out);
+  // Fp8ScaleStride(cols), the padding zero, of the tensors names[i], [rows[i], cols], stacked
+  // by rows, the scale grids one after the other; out->split_rows = split_rows.
+  void LoadFp8(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
+               int64_t cols, int64_t split_rows, MatrixBuffer* out);
 
   WeightSource* src_;
   Backend* be_;

@@ -209,6 +209,14 @@ void CpuBackend::AddRmsNorm(int64_t rows, int64_t dim, float* x, const float* y,
   }
 }
 
+void CpuBackend::RmsNormBf16(int64_t rows, int64_t dim, const float* x, int64_t ldx,
+                             const float* weight, float eps, uint16_t* out_bf16) {
+  // AddRmsNorm's steps without the add: RmsNorm, then the rounding of a bf16 Gemm operand.
+  std::vector<float> normed(rows * dim);
+  RmsNorm(rows, dim, x, ldx, weight, eps, normed.data(), dim);
+  for (int64_t i = 0; i < rows * dim; ++i) out_bf16[i] = FloatToBf16Bits(normed[i]);
+}
+
 void CpuBackend::Add(int64_t n, const float* a, const float* b, float* out) {
   pool_.ParallelFor(n, 1 << 14, [&](int64_t s, int64_t e) {
     for (int64_t i = s; i < e; ++i) out[i] = a[i] + b[i];

@@ -46,6 +46,8 @@ class CpuBackend : public Backend {
   void Add(int64_t n, const float* a, const float* b, float* out) override;
   void AddRmsNorm(int64_t rows, int64_t dim, float* x, const float* y, const float* weight,
                   float eps, float* out, uint16_t* out_bf16) override;
+  void RmsNormBf16(int64_t rows, int64_t dim, const float* x, int64_t ldx, const float* weight,
+                   float eps, uint16_t* out_bf16) override;
   void SiluMul(int64_t rows, int64_t inter, const float* x, float* out) override;
   void SiluMulBf16(int64_t rows, int64_t inter, const float* x, uint16_t* out) override;
   // The host values of Backend::FillDummy, written in place by the thread pool.

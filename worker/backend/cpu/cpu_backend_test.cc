@@ -1,6 +1,7 @@
 // Tests for CpuBackend ops against straightforward host formulas.
 #include "worker/backend/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -111,6 +112,15 @@ TEST(CpuBackendTest, FusedOpsEqualTheOpsTheyReplace) {
   std::vector<float> again(rows * dim);
   be.RmsNorm(rows, dim, fx.data(), dim, w.data(), 1e-6f, again.data(), dim);
   for (int64_t i = 0; i < rows * dim; ++i) ASSERT_EQ(only16[i], FloatToBf16Bits(again[i]));
+  // RmsNormBf16 over strided rows = AddRmsNorm's out_bf16 without y on a contiguous copy.
+  const int64_t ldx = dim + 5;
+  std::vector<float> wide(rows * ldx, 1e4f);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy(fx.begin() + r * dim, fx.begin() + (r + 1) * dim, wide.begin() + r * ldx);
+  }
+  std::vector<uint16_t> strided16(rows * dim);
+  be.RmsNormBf16(rows, dim, wide.data(), ldx, w.data(), 1e-6f, strided16.data());
+  EXPECT_EQ(strided16, only16);
 
   // Gemm of a bf16 operand = Gemm of the fp32 rows it was rounded from (bf16 weights), also
   // with a row stride and accumulating.

@@ -25,6 +25,13 @@ void CudaBackend::AddRmsNorm(int64_t rows, int64_t dim, float* x, const float* y
         "kernels::AddRmsNormF32");
 }
 
+void CudaBackend::RmsNormBf16(int64_t rows, int64_t dim, const float* x, int64_t ldx,
+                              const float* weight, float eps, uint16_t* out_bf16) {
+  OpTimer timer(this, "RmsNormBf16");
+  Check(kernels::StridedRmsNormF32(rows, dim, x, ldx, weight, eps, nullptr, out_bf16, stream_),
+        "kernels::StridedRmsNormF32");
+}
+
 void CudaBackend::Add(int64_t n, const float* a, const float* b, float* out) {
   OpTimer timer(this, "Add");
   Check(kernels::AddF32(n, a, b, out, stream_), "kernels::AddF32");

@@ -8,6 +8,11 @@
 namespace deepinfer {
 namespace {
 
+// MlaOutputArgs::q's token stride.
+int64_t QTokenStride(const MlaOutputArgs& a) {
+  return a.q_token_stride != 0 ? a.q_token_stride : a.heads * (a.nope_dim + a.rope_dim);
+}
+
 // The non-absorbed attention and o_proj: false, having done nothing, where the backend has no
 // such path for the arguments.
 bool MhaPrefillOutput(Backend* backend, const MlaOutputArgs& a) {
@@ -20,7 +25,7 @@ bool MhaPrefillOutput(Backend* backend, const MlaOutputArgs& a) {
   m.nope_dim = static_cast<int32_t>(a.nope_dim);
   m.v_dim = static_cast<int32_t>(vd);
   m.q = a.q;
-  m.q_token_stride = nh * (a.nope_dim + a.rope_dim);
+  m.q_token_stride = QTokenStride(a);
   m.q_head_stride = a.nope_dim + a.rope_dim;
   m.cache = a.cache;
   m.block_tables = a.block_tables;
@@ -44,7 +49,7 @@ bool MhaPrefillOutput(Backend* backend, const MlaOutputArgs& a) {
 // The absorbed form: q_nope . W_uk, Backend::MlaAttention over the latent cache, . W_uv, o_proj.
 void AbsorbedOutput(Backend* backend, const MlaOutputArgs& a) {
   const int64_t T = a.tokens, nh = a.heads, nope = a.nope_dim, vd = a.v_dim, H = a.hidden_size;
-  const int64_t kvl = a.cache.latent_dim, qk = nope + a.rope_dim, qdim = nh * qk;
+  const int64_t kvl = a.cache.latent_dim, qk = nope + a.rope_dim, ldq = QTokenStride(a);
   auto Floats = [backend](int64_t n) { return backend->AllocateScratch(n * sizeof(float)); };
   // Absorb W_uk into the query: q_latent[t, h] = q_nope[t, h] . W_uk[h], all heads in one
   // batched GEMM (head h: the nope slice of q's head h, block h of w_uk, column block h).
@@ -52,7 +57,7 @@ void AbsorbedOutput(Backend* backend, const MlaOutputArgs& a) {
   const float* q_latent = a.q_latent;
   if (q_latent == nullptr) {
     absorbed = Floats(T * nh * kvl);
-    backend->BatchedGemm(nh, T, kvl, nope, a.q, qdim, qk, a.w_uk, nope, kvl * nope,
+    backend->BatchedGemm(nh, T, kvl, nope, a.q, ldq, qk, a.w_uk, nope, kvl * nope,
                          absorbed->as<float>(), nh * kvl, kvl);
     q_latent = absorbed->as<float>();
   }
@@ -62,7 +67,7 @@ void AbsorbedOutput(Backend* backend, const MlaOutputArgs& a) {
   m.num_heads = static_cast<int32_t>(nh);
   m.q_latent = q_latent;
   m.q_rope = a.q + nope;
-  m.q_rope_token_stride = qdim;
+  m.q_rope_token_stride = ldq;
   m.q_rope_head_stride = qk;
   m.cache = a.cache;
   m.block_tables = a.block_tables;
@@ -93,7 +98,7 @@ MlaOutputArgs NonAbsorbedPart(const MlaOutputArgs& a, int32_t first, int32_t las
   const MlaSequenceSpan& end = a.sequences[last - 1];
   MlaOutputArgs r = a;
   r.tokens = end.first_token + end.num_tokens - t0;
-  r.q = a.q + t0 * a.heads * (a.nope_dim + a.rope_dim);
+  r.q = a.q + t0 * QTokenStride(a);
   r.q_latent = nullptr;
   r.block_tables = a.block_tables + static_cast<int64_t>(first) * a.max_blocks_per_seq;
   r.sequences = spans->data();
@@ -111,7 +116,7 @@ MlaOutputArgs AbsorbedPart(const MlaOutputArgs& a, int32_t first, int32_t last) 
   const int64_t kvl = a.cache.latent_dim;
   MlaOutputArgs r = a;
   r.tokens = end.first_token + end.num_tokens - t0;
-  r.q = a.q + t0 * a.heads * (a.nope_dim + a.rope_dim);
+  r.q = a.q + t0 * QTokenStride(a);
   if (a.q_latent != nullptr) r.q_latent = a.q_latent + t0 * a.heads * kvl;
   r.token_seq = a.token_seq + t0;
   r.context_len = a.context_len + t0;

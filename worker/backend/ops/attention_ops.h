@@ -19,8 +19,10 @@ struct MlaOutputArgs {
   int64_t rope_dim = 0;     // qk_rope_head_dim (= cache.rope_dim)
   int64_t v_dim = 0;        // v_head_dim
   int64_t hidden_size = 0;  // o_proj's output width
-  // [tokens, heads, nope_dim | rope_dim], the rope part already rotated.
+  // [tokens, heads, nope_dim | rope_dim], the rope part already rotated; token t's heads at
+  // q + t * q_token_stride (0: heads * (nope_dim + rope_dim), the tokens packed).
   const float* q = nullptr;
+  int64_t q_token_stride = 0;
   // Optional: the absorbed query [tokens, heads, latent_dim] where the caller already made it
   // (Backend::NormRopeCacheAbsorbQuery); null: made here from q's nope part and w_uk.
   const float* q_latent = nullptr;

@@ -1,6 +1,7 @@
 // Tests for the op providers: each runs the backend's fused op where the backend has one and
 // otherwise a reference composition whose values are checked against host formulas or, for
 // attention, against the other form of the same function.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -325,8 +326,9 @@ TEST(AttentionOpsTest, MixedStepTakesEachSequencesForm) {
       }
     }
   }
-  // non_absorbed_min_tokens < 0: the absorbed form only.
-  auto run = [&](bool has_mha, int32_t min_tokens, int* mha_calls) {
+  // non_absorbed_min_tokens < 0: the absorbed form only. pad > 0: q's tokens at a stride of
+  // that many more values (as within the rows of a stacked q and kv GEMM), the gaps 1e4.
+  auto run = [&](bool has_mha, int32_t min_tokens, int* mha_calls, int64_t pad = 0) {
     SpyBackend be;
     be.has_fused = has_mha;
     Buffers b(&be);
@@ -337,7 +339,14 @@ TEST(AttentionOpsTest, MixedStepTakesEachSequencesForm) {
     a.rope_dim = rope;
     a.v_dim = vd;
     a.hidden_size = H;
-    a.q = b.Upload(q);
+    const int64_t qdim = nh * (nope + rope);
+    std::vector<float> strided(T * (qdim + pad), 1e4f);
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy(q.begin() + t * qdim, q.begin() + (t + 1) * qdim,
+                strided.begin() + t * (qdim + pad));
+    }
+    a.q = b.Upload(strided);
+    a.q_token_stride = pad > 0 ? qdim + pad : 0;
     a.cache.cache = b.Upload(cache);
     a.cache.block_size = bs;
     a.cache.latent_dim = kvl;
@@ -380,6 +389,11 @@ TEST(AttentionOpsTest, MixedStepTakesEachSequencesForm) {
   EXPECT_NE(absorbed, non_absorbed);
   EXPECT_EQ(run(false, 3, &calls), absorbed);
   EXPECT_EQ(calls, 0);
+  // Strided queries: the same values in each form.
+  EXPECT_EQ(run(true, -1, &calls, 5), absorbed);
+  EXPECT_EQ(run(true, 0, &calls, 5), non_absorbed);
+  EXPECT_EQ(run(true, 3, &calls, 5), mixed);
+  EXPECT_EQ(calls, 2);
 }
 
 }  // namespace

@@ -39,47 +39,67 @@ void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationVie
   const int64_t kvl = c.kv_lora_rank, qk = c.qk_head_dim(), qdim = nh * qk;
   const int32_t* positions = ctx.positions;
 
-  // Queries: [T, heads, nope | rope]; latent and shared rope key: [T, kv_lora | rope].
-  auto q = Floats(T * qdim);
-  const int64_t kvw = kvl + rope;
-  auto kv = Floats(T * kvw);
-  std::unique_ptr<DeviceBuffer> qa;
-  if (c.q_lora_rank > 0) qa = Floats(T * c.q_lora_rank);
+  // The projections of h: the query's first (q_proj, or q_a with q_lora) and kv_a. Queries:
+  // [T, heads, nope | rope] at token stride ldq; with q_lora first qa [T, q_lora] at stride
+  // ld_proj; latent and shared rope key: [T, kv_lora | rope] at token stride ld_kv. Where L.qkv_a
+  // stacks the two projections one GEMM makes each token's row [q or qa | kv]; else each has its
+  // own GEMM and buffer.
+  const bool lora = c.q_lora_rank > 0;
+  const int64_t r = c.q_lora_rank, kvw = kvl + rope;
+  const int64_t proj_width = lora ? r : qdim;
+  const MatrixBuffer& first = lora ? L.q_a : L.q;
+  const bool stacked = L.qkv_a.data != nullptr;
+  std::unique_ptr<DeviceBuffer> proj_buf, kv_buf, q_buf;
+  float *proj, *kv;
+  int64_t ld_proj = proj_width, ld_kv = kvw;
+  if (stacked) {
+    ld_proj = ld_kv = proj_width + kvw;
+    proj_buf = Floats(T * ld_proj);
+    proj = proj_buf->as<float>();
+    kv = proj + proj_width;
+  } else {
+    proj_buf = Floats(T * proj_width);
+    kv_buf = Floats(T * kvw);
+    proj = proj_buf->as<float>();
+    kv = kv_buf->as<float>();
+  }
+  float* q = proj;
+  int64_t ldq = ld_proj;
+  if (lora) {
+    q_buf = Floats(T * qdim);
+    q = q_buf->as<float>();
+    ldq = qdim;
+  }
   if (norm != nullptr) {
     std::vector<NormedGemm> gemms;
-    if (qa != nullptr) {
-      gemms.push_back({c.q_lora_rank, W.Matrix(L.q_a), H, qa->as<float>(), c.q_lora_rank});
+    if (stacked) {
+      gemms.push_back({proj_width + kvw, W.Matrix(L.qkv_a), H, proj, ld_proj});
     } else {
-      gemms.push_back({qdim, W.Matrix(L.q), H, q->as<float>(), qdim});
+      gemms.push_back({proj_width, W.Matrix(first), H, proj, proj_width});
+      gemms.push_back({kvw, W.Matrix(L.kv_a), H, kv, kvw});
     }
-    gemms.push_back({kvw, W.Matrix(L.kv_a), H, kv->as<float>(), kvw});
     // AddRmsNormGemms writes exactly one of its two outputs: the GEMMs' operand.
     backend_->AddRmsNormGemms(T, H, norm->x, norm->y, norm->weight, norm->eps,
                               norm->out_bf16 != nullptr ? nullptr : norm->out, norm->out_bf16,
                               gemms);
+  } else if (stacked) {
+    backend_->Gemm(T, proj_width + kvw, H, h, H, W.Matrix(L.qkv_a), H, proj, ld_proj, false);
+  } else {
+    backend_->Gemm(T, proj_width, H, h, H, W.Matrix(first), H, proj, proj_width, false);
+    backend_->Gemm(T, kvw, H, h, H, W.Matrix(L.kv_a), H, kv, kvw, false);
   }
-  if (c.q_lora_rank > 0) {
-    const int64_t r = c.q_lora_rank;
-    if (norm == nullptr) {
-      backend_->Gemm(T, r, H, h, H, W.Matrix(L.q_a), H, qa->as<float>(), r, false);
-    }
+  if (lora) {
     if (ctx.mode.bf16_operands) {
       auto qa16 = backend_->AllocateScratch(T * r * sizeof(uint16_t));
-      backend_->AddRmsNorm(T, r, qa->as<float>(), nullptr, L.q_a_norm->as<float>(), kLatentNormEps,
-                           nullptr, qa16->as<uint16_t>());
+      backend_->RmsNormBf16(T, r, proj, ld_proj, L.q_a_norm->as<float>(), kLatentNormEps,
+                            qa16->as<uint16_t>());
       backend_->Gemm(T, qdim, r, ActivationView::Bf16(qa16->as<uint16_t>()), r, W.Matrix(L.q_b), r,
-                     q->as<float>(), qdim, false);
+                     q, qdim, false);
     } else {
-      backend_->RmsNorm(T, r, qa->as<float>(), r, L.q_a_norm->as<float>(), kLatentNormEps,
-                        qa->as<float>(), r);
-      backend_->Gemm(T, qdim, r, qa->as<float>(), r, W.Matrix(L.q_b), r, q->as<float>(), qdim,
-                     false);
+      backend_->RmsNorm(T, r, proj, ld_proj, L.q_a_norm->as<float>(), kLatentNormEps, proj,
+                        ld_proj);
+      backend_->Gemm(T, qdim, r, proj, ld_proj, W.Matrix(L.q_b), r, q, qdim, false);
     }
-  } else if (norm == nullptr) {
-    backend_->Gemm(T, qdim, H, h, H, W.Matrix(L.q), H, q->as<float>(), qdim, false);
-  }
-  if (norm == nullptr) {
-    backend_->Gemm(T, kvw, H, h, H, W.Matrix(L.kv_a), H, kv->as<float>(), kvw, false);
   }
   const bool il = c.rope_interleave;
   const PagedLatentCacheView view = ctx.cache->LayerView(static_cast<int32_t>(layer));
@@ -91,13 +111,13 @@ void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationVie
   if (ctx.mode.fused) {
     NormRopeCacheArgs nr;
     nr.tokens = T;
-    nr.kv = kv->as<float>();
-    nr.ld_kv = kvw;
+    nr.kv = kv;
+    nr.ld_kv = ld_kv;
     nr.norm_weight = L.kv_a_norm->as<float>();
     nr.eps = kLatentNormEps;
-    nr.q = q->as<float>() + nope;
+    nr.q = q + nope;
     nr.q_heads = nh;
-    nr.q_token_stride = qdim;
+    nr.q_token_stride = ldq;
     nr.q_head_stride = qk;
     nr.positions = positions;
     nr.inv_freq = inv_freq_->as<float>();
@@ -111,8 +131,8 @@ void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationVie
       aq.heads = nh;
       aq.nope_dim = nope;
       aq.latent_dim = kvl;
-      aq.q_nope = q->as<float>();
-      aq.q_token_stride = qdim;
+      aq.q_nope = q;
+      aq.q_token_stride = ldq;
       aq.q_head_stride = qk;
       aq.w_uk = W.Matrix(L.w_uk_t);
       aq.q_latent = q_latent->as<float>();
@@ -122,14 +142,13 @@ void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationVie
     }
   } else {
     auto latent = Floats(T * kvl);
-    backend_->RmsNorm(T, kvl, kv->as<float>(), kvw, L.kv_a_norm->as<float>(), kLatentNormEps,
+    backend_->RmsNorm(T, kvl, kv, ld_kv, L.kv_a_norm->as<float>(), kLatentNormEps,
                       latent->as<float>(), kvl);
-    backend_->ApplyRope(T, 1, kv->as<float>() + kvl, kvw, 0, rope, positions,
-                        inv_freq_->as<float>(), rope_attention_factor_, il);
-    backend_->ApplyRope(T, nh, q->as<float>() + nope, qdim, qk, rope, positions,
-                        inv_freq_->as<float>(), rope_attention_factor_, il);
-    backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv->as<float>() + kvl, kvw, ctx.slots,
-                               view);
+    backend_->ApplyRope(T, 1, kv + kvl, ld_kv, 0, rope, positions, inv_freq_->as<float>(),
+                        rope_attention_factor_, il);
+    backend_->ApplyRope(T, nh, q + nope, ldq, qk, rope, positions, inv_freq_->as<float>(),
+                        rope_attention_factor_, il);
+    backend_->WriteLatentCache(T, latent->as<float>(), kvl, kv + kvl, ld_kv, ctx.slots, view);
   }
 
   // The attention itself and o_proj: non-absorbed or absorbed, as the op chooses.
@@ -140,7 +159,8 @@ void MlaAttention::Forward(int64_t layer, const LayerContext& ctx, ActivationVie
   a.rope_dim = rope;
   a.v_dim = vd;
   a.hidden_size = H;
-  a.q = q->as<float>();
+  a.q = q;
+  a.q_token_stride = ldq;
   a.q_latent = q_latent != nullptr ? q_latent->as<float>() : nullptr;
   a.cache = view;
   a.block_tables = ctx.block_tables;
