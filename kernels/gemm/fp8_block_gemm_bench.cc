@@ -14,8 +14,8 @@
 // `--decode`: only the decode GEMVs at m = 1 and 2 (Moonlight's q_proj, kv_a and o_proj,
 // DeepSeek-V3's q_a, q_b, o_proj, kv_a, the dense MLP's gate_up and down and the shared expert's
 // gate_up and down): Fp8SmallMGemm in its default form, then each Fp8GemvForm
-// ("forms pipelined1 / pipelined2 / one-batch / pipelined2+L2") and the default form at each k split
-// ("ksplit 1/2/4/8", microseconds), the staged GEMV's FP8 form (the copy prologue,
+// ("forms pipelined1 / pipelined2 / one-batch") and the default form at each k split ("ksplit
+// 1/2/4/8", microseconds), the staged GEMV's FP8 form (the copy prologue,
 // one target) and SmallMGemmBf16 on the same shape. `--decode --no-pdl`: the same without
 // programmatic dependent launch (the kernels that use it then run in full stream order).
 #include <cuda_runtime_api.h>
@@ -92,7 +92,7 @@ void DenseShapes(const std::vector<GemmShape>& shapes, const std::vector<int64_t
         std::printf("   forms");
         for (const kernels::Fp8GemvForm form :
              {kernels::Fp8GemvForm::kPipelined1, kernels::Fp8GemvForm::kPipelined2,
-              kernels::Fp8GemvForm::kOneBatch, kernels::Fp8GemvForm::kPipelined2L2}) {
+              kernels::Fp8GemvForm::kOneBatch}) {
           const double us = GraphMicros(copies, [&](int c, cudaStream_t st) {
             kernels::Fp8SmallMGemmParams p;
             p.m = m, p.n = s.n, p.k = s.k, p.a = a, p.lda = s.k;

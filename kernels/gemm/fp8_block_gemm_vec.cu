@@ -7,7 +7,6 @@
 // many blocks as fit on the device, fewer where there are fewer tiles, every block with the
 // same number of tiles), so a warp's batches follow one another across its tiles, and it issues
 // the loads of its next batch before it uses the current one: two batches in flight a lane.
-// Fp8GemvForm::kPipelined2L2 also has each tile's start prefetch the block's next tile to L2.
 // Each chunk's 16 products are summed in fp32 in order, scaled by the block scale and added to
 // the lane's sum (the header's contract); at a tile's end the lanes' sums are added by shuffles
 // (a fixed tree) and the ksplit warps' sums through shared memory in warp order
@@ -41,7 +40,6 @@ struct GemvPlan {
   int ksplit;     // warps sharing a row group's k: 1, 2, 4 or 8
   int rounds;     // batches a warp takes per tile
   int64_t tiles;  // column tiles of kRows * kWarps / ksplit rows
-  bool l2_next;   // each tile's start: the block's next tile prefetched to L2
 };
 
 // A lane's loads of one batch.
@@ -138,19 +136,6 @@ __device__ __forceinline__ void LoadBatch(const Fp8SmallMGemmParams& p, const Ge
       b.s[u][r] = LoadFloatIf(srow[r] + q * kLaneElems / kFp8BlockSize, row_ok[r] && q < chunks);
     }
   }
-}
-
-// With plan.l2_next: the weight rows of this warp's group in `tile` (if any) prefetched to L2,
-// one row a lane of the group's first warp.
-__device__ __forceinline__ void PrefetchTileToL2(const Fp8SmallMGemmParams& p, const GemvPlan& plan,
-                                                 int64_t tile) {
-  const int lane = threadIdx.x & 31;
-  if (!plan.l2_next || tile >= plan.tiles || (threadIdx.x >> 5) % plan.ksplit != 0 ||
-      lane >= kRows) {
-    return;
-  }
-  const int64_t j = GroupRow0(plan, tile) + lane;
-  if (j < p.n) PrefetchL2(p.w.data + j * p.w.ldw, static_cast<uint32_t>(p.k));
 }
 
 // lo and hi rounded to bf16 (nearest even), packed (lo in the low half).
@@ -333,7 +318,6 @@ __device__ void GemvBody(const Batch<kC>& first, Fp8SmallMGemmParams p, int64_t 
     Cursor next = cur;
     Advance(plan, next);
     LoadBatch<kC>(p, plan, next, it + 1 < iters, odd);
-    if (cur.round == 0) PrefetchTileToL2(p, plan, cur.tile + gridDim.x);
     UseBatch<M, kBf16A, kC>(even, p, row0, rows, plan, cur, acc);
     if (cur.round == plan.rounds - 1) {
       FinishTile<M>(acc, partial[buf], p, row0, rows, plan, cur.tile);
@@ -343,7 +327,6 @@ __device__ void GemvBody(const Batch<kC>& first, Fp8SmallMGemmParams p, int64_t 
     cur = next;
     Advance(plan, next);
     LoadBatch<kC>(p, plan, next, it + 2 < iters, even);
-    if (cur.round == 0) PrefetchTileToL2(p, plan, cur.tile + gridDim.x);
     UseBatch<M, kBf16A, kC>(odd, p, row0, rows, plan, cur, acc);
     if (cur.round == plan.rounds - 1) {
       FinishTile<M>(acc, partial[buf], p, row0, rows, plan, cur.tile);
@@ -359,7 +342,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // (a lane's chunks of the tile + half a chunk for its sums), the larger split on a tie (more,
 // shorter tiles); `forced` (1, 2, 4 or 8) instead if set.
 GemvPlan PlanFor(int64_t n, int64_t chunks, int kC, int64_t slots, int forced) {
-  GemvPlan best{1, 1, 1, false};
+  GemvPlan best{1, 1, 1};
   int64_t best_cost = -1;
   for (int ksplit = 1; ksplit <= kWarps; ksplit *= 2) {
     if (forced >= 1 && forced <= kWarps && (forced & (forced - 1)) == 0 && ksplit != forced) {
@@ -371,7 +354,7 @@ GemvPlan PlanFor(int64_t n, int64_t chunks, int kC, int64_t slots, int forced) {
     const int64_t cost = CeilDiv(tiles, slots) * (2 * per_lane + 1);
     if (best_cost < 0 || cost <= best_cost) {
       best_cost = cost;
-      best = GemvPlan{ksplit, static_cast<int>(rounds), tiles, false};
+      best = GemvPlan{ksplit, static_cast<int>(rounds), tiles};
     }
   }
   return best;
@@ -395,8 +378,7 @@ cudaError_t LaunchGemv(const Fp8SmallMGemmParams& p, int64_t row0, int rows, cud
   if (facts.error != cudaSuccess) return facts.error;
   static const int per_sm = BlocksPerSm(kernel, kThreads, 1);
   const int64_t slots = static_cast<int64_t>(std::max(facts.sms, 1)) * per_sm;
-  GemvPlan plan = PlanFor(p.n, p.k / kLaneElems, kC, slots, p.gemv_ksplit);
-  plan.l2_next = p.gemv_form == Fp8GemvForm::kPipelined2L2;
+  const GemvPlan plan = PlanFor(p.n, p.k / kLaneElems, kC, slots, p.gemv_ksplit);
   const int64_t blocks = BalancedUnits(plan.tiles, slots);
   return LaunchPrefetchThenAfterPrecedingGridsAtOccupancy<
       &GemvPrefetch<kC>, &GemvBody<M, kBf16A, kC>, kThreads, MinBlocks<M, kC>()>(

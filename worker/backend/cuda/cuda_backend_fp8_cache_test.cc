@@ -184,17 +184,15 @@ TEST_F(CudaBackendFp8CacheTest, NormRopeWriteLatentCacheMatchesCpu) {
   }
 }
 
-// MLA attention over one FP8 cache (the CPU's bytes uploaded, so both read the same entries):
-// decode tokens of sequences with contexts of 1 .. 300 positions in shuffled blocks, eager and
-// replayed from a recording (as the decode graphs run it), and a batch with prefill-sized spans
-// (which with a bf16 cache would take the tensor-core prefill). The CUDA-core kernel's math is
-// fp32 in another summation order: fp32 tolerances.
-// Decode tokens (eager with spans, and replayed from a recording without them: the token rows
-// of the copy) and prefill-sized spans over an FP8 cache: the bf16 copy's gather runs (its phase
-// in the op report, eager calls), decode gives the bits of the same call over a bf16 cache
-// holding the entries rounded to bf16 (the same tensor-core kernel on the same values), and
-// every result is within the bf16 kernels' tolerances of the CPU over those rounded entries and
-// within the prefill tolerance of the CPU over the FP8 entries.
+// MLA attention over one FP8 cache (the CPU's bytes uploaded, so both read the same entries;
+// contexts of 1 .. 300 positions in shuffled blocks): decode tokens (eager with spans, and
+// replayed from a recording without them: the token rows of the copy) and prefill-sized spans.
+// The bf16 copy's gather runs (its phase in the op report, eager calls), decode gives the bits of
+// the same call over a bf16 cache holding the entries rounded to bf16 (the same tensor-core
+// kernel on the same values), and every result is within the bf16 kernels' tolerances of the CPU
+// over those rounded entries. (Against the CPU over the unrounded FP8 entries the random scores
+// here are sensitive enough that the entries' bf16 rounding alone moved 12 of 3M prefill outputs
+// by ~0.05: no bound at the kernels' tolerances holds.)
 TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -266,9 +264,7 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
     a.sequences = replay ? nullptr : spans.data();
     a.num_sequences = replay ? 0 : seqs;
     const size_t out_size = static_cast<size_t>(tokens) * kHeads * kLatent;
-    std::vector<float> want(out_size), want_rounded(out_size);
-    a.out_latent = want.data();
-    cpu_.MlaAttention(a);
+    std::vector<float> want_rounded(out_size);
     // Over the rounded entries; for decode also with Q rounded to bf16 (the key-split kernel).
     std::vector<float> q_latent16 = q_latent, q_rope16 = q_rope;
     if (decode) {
@@ -322,7 +318,6 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
     } else {
       EXPECT_TRUE(AllClose(got, want_rounded, kPrefillAtol, kPrefillRtol));
     }
-    EXPECT_TRUE(AllClose(got, want, kPrefillAtol, kPrefillRtol));
   };
   {
     SCOPED_TRACE("decode");
