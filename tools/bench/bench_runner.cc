@@ -1034,6 +1034,10 @@ absl::StatusOr<BenchResult> RunBenchmark(const BenchConfig& bc) {
     if (!arch.ok()) return arch.status();
     r.graph_bytes_planned =
         DecodeGraphReserveBytes((*arch)->activation_floats_per_token(*config), used);
+    // The attention's bf16 copy of FP8 cache entries (the plan's graph-pool share of it).
+    if (outputs[0].kv_cache_dtype == WeightDType::kFp8E4M3) {
+      r.graph_bytes_planned += kFp8CacheCopyMaxBytes;
+    }
   }
   r.prefill_op_report = outputs[0].prefill_op_report;
   r.decode_op_reports = outputs[0].decode_op_reports;

@@ -275,7 +275,8 @@ struct BenchResult {
   // CUDA graph allocator (the recorded decode steps' activations), apart from the above.
   int64_t graph_bytes_reserved_peak = -1;
   // What the memory plan reserves for the graphs of the buckets this run used
-  // (DecodeGraphReserveBytes), to compare with the above.
+  // (DecodeGraphReserveBytes, plus with an FP8 cache the attention's copy,
+  // kFp8CacheCopyMaxBytes), to compare with the above.
   int64_t graph_bytes_planned = 0;
   int64_t decode_graph_steps = 0;  // decode steps that replayed a graph (or ran its padded path)
   // With op_timing_steps > 0 on CUDA (rank 0's).

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
+#include "worker/backend/fp8_latent_entry.h"
 #include "worker/engine/dequant_scratch.h"
 #include "worker/model/ep_expert_dispatcher.h"
 #if DEEPINFER_WITH_DEVICE_EXCHANGE
@@ -376,6 +377,11 @@ absl::Status BuildRank(const RankSpec& spec, const RankHooks& hooks,
   absl::StatusOr<KvCacheSpec> typed_spec = parts->model->CacheSpec().WithDType(*cache_dtype);
   if (!typed_spec.ok()) return typed_spec.status();
   const KvCacheSpec cache_spec = *std::move(typed_spec);
+  // The CUDA attention's bf16 copy of FP8 cache entries, in the decode graphs' pool and in eager
+  // scratch (fp8_latent_entry.h).
+  if (spec.backend.kind == "cuda" && *cache_dtype == WeightDType::kFp8E4M3) {
+    reserve += 2 * kFp8CacheCopyMaxBytes;
+  }
   const int32_t bs = spec.block_size;
   // Per-sequence state (V4's window rings, compressor rows): one slot per running sequence,
   // taken from the KV cache's share of the memory.
