@@ -187,190 +187,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Fp8GemvForm::kOneBatch: one and two activation rows (decode), 16-byte aligned: a warp owns
-// kVecCols adjacent weight rows (output columns) at once, so each activation chunk it loads
-// serves kVecCols weight rows, and a lane issues the 16-byte loads of kVecChunks chunks of every
-// one of them (128 bytes) before it uses any. A row's k chunks are split over `ksplit` warps of
-// the block (chunk q to thread q % (32 ksplit) of the group); their sums are added in warp order
-// through shared memory (deterministic). Each chunk of 16 products is summed in fp32, scaled
-// once by its block's scale and added to the lane's sum (the header's contract). Launched with
-// programmatic dependent launch: a lane's first batch of weights and scales is loaded before the
-// wait for the preceding kernel (weights are never written during a step).
-constexpr int kVecCols = 4;
-constexpr int kVecChunks = 2;
-// The most warps the k split grows a launch to: the H200's 132 SMs with two blocks each (the
-// kernel's ~100-127 registers a thread allow two), so a launch is one wave that has all its first
-// loads (kVecCols * kVecChunks 16-byte loads a lane) in flight at once.
-constexpr int64_t kVecTargetWarps = 132 * 2 * kWarps;
-
-// A lane's loads of one batch: chunks base + u * stride (u < kVecChunks) of its kVecCols rows.
-struct VecBatch {
-  uint4 w[kVecChunks][kVecCols];
-  float s[kVecChunks][kVecCols];
-};
-
-// This thread's place: its group's first output column j0, its part of the k split and its first
-// chunk.
-struct VecPlace {
-  int64_t j0;
-  int part;
-  int64_t first;
-};
-
-__device__ __forceinline__ VecPlace PlaceOf(int ksplit) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int groups = kWarps / ksplit;
-  VecPlace v;
-  v.part = warp % ksplit;
-  v.j0 = (static_cast<int64_t>(blockIdx.x) * groups + warp / ksplit) * kVecCols;
-  v.first = static_cast<int64_t>(v.part) * 32 + lane;
-  return v;
-}
-
-// The weight and scale rows of columns j0 .. j0 + kVecCols - 1 (past n: the last row, whose sums
-// are not written).
-__device__ __forceinline__ void VecRows(const Fp8SmallMGemmParams& p, int64_t j0,
-                                        const uint8_t* (&wrow)[kVecCols],
-                                        const float* (&srow)[kVecCols]) {
-#pragma unroll
-  for (int r = 0; r < kVecCols; ++r) {
-    const int64_t j = min(j0 + r, p.n - 1);
-    wrow[r] = p.w.data + j * p.w.ldw;
-    srow[r] = p.w.scales + Fp8ScaleRow(j, p.w.split_rows) * p.w.scale_ld;
-  }
-}
-
-__device__ __forceinline__ void LoadVecBatch(const uint8_t* const (&wrow)[kVecCols],
-                                             const float* const (&srow)[kVecCols], int64_t base,
-                                             int64_t stride, int64_t chunks, VecBatch& b) {
-#pragma unroll
-  for (int u = 0; u < kVecChunks; ++u) {
-    const int64_t q = base + u * stride;
-#pragma unroll
-    for (int r = 0; r < kVecCols; ++r) {
-      b.w[u][r] = q < chunks ? LoadStreaming16(wrow[r] + q * kLaneElems) : make_uint4(0, 0, 0, 0);
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < kVecChunks; ++u) {
-    const int64_t q = base + u * stride;
-#pragma unroll
-    for (int r = 0; r < kVecCols; ++r) {
-      b.s[u][r] = q < chunks ? __ldg(srow[r] + q * kLaneElems / kFp8BlockSize) : 0.0f;
-    }
-  }
-}
-
-template <int M, bool kBf16A>
-__device__ __forceinline__ void UseVecBatch(const VecBatch& b, const Fp8SmallMGemmParams& p,
-                                            int64_t row0, int rows, int64_t base, int64_t stride,
-                                            int64_t chunks, float (&acc)[M][kVecCols]) {
-#pragma unroll
-  for (int u = 0; u < kVecChunks; ++u) {
-    const int64_t q = base + u * stride;
-    if (q >= chunks) break;
-    float x[M][kLaneElems];
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-      if (i < rows) {
-        LoadAct16<kBf16A>(p.a, p.lda, row0 + i, q * kLaneElems, x[i]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kLaneElems; ++e) x[i][e] = 0.0f;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kVecCols; ++r) {
-      float wf[kLaneElems];
-      DecodeFp8x16(b.w[u][r], wf);
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int e = 0; e < kLaneElems; ++e) sum = fmaf(x[i][e], wf[e], sum);
-        acc[i][r] = fmaf(sum, b.s[u][r], acc[i][r]);
-      }
-    }
-  }
-}
-
-// Before the wait: the first batch (weights and scales only).
-__device__ VecBatch Fp8SmallMVecPrefetch(Fp8SmallMGemmParams p, int64_t row0, int rows,
-                                         int ksplit) {
-  const VecPlace v = PlaceOf(ksplit);
-  VecBatch b;
-  if (v.j0 < p.n) {
-    const uint8_t* wrow[kVecCols];
-    const float* srow[kVecCols];
-    VecRows(p, v.j0, wrow, srow);
-    LoadVecBatch(wrow, srow, v.first, static_cast<int64_t>(ksplit) * 32, p.k / kLaneElems, b);
-  }
-  return b;
-}
-
-template <int M, bool kBf16A>
-__device__ void Fp8SmallMVecBody(const VecBatch& first, Fp8SmallMGemmParams p, int64_t row0,
-                                 int rows, int ksplit) {
-  __shared__ float partial[kWarps][M * kVecCols];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const VecPlace v = PlaceOf(ksplit);
-  const int64_t chunks = p.k / kLaneElems;
-  const int64_t stride = static_cast<int64_t>(ksplit) * 32;
-  float acc[M][kVecCols];
-#pragma unroll
-  for (int i = 0; i < M; ++i) {
-#pragma unroll
-    for (int r = 0; r < kVecCols; ++r) acc[i][r] = 0.0f;
-  }
-  if (v.j0 < p.n && v.first < chunks) {
-    UseVecBatch<M, kBf16A>(first, p, row0, rows, v.first, stride, chunks, acc);
-    const uint8_t* wrow[kVecCols];
-    const float* srow[kVecCols];
-    VecRows(p, v.j0, wrow, srow);
-    for (int64_t base = v.first + kVecChunks * stride; base < chunks; base += kVecChunks * stride) {
-      VecBatch b;
-      LoadVecBatch(wrow, srow, base, stride, chunks, b);
-      UseVecBatch<M, kBf16A>(b, p, row0, rows, base, stride, chunks, acc);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < M; ++i) {
-#pragma unroll
-    for (int r = 0; r < kVecCols; ++r) acc[i][r] = WarpSum(acc[i][r]);
-  }
-  if (ksplit > 1) {
-    if (lane == 0) {
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-#pragma unroll
-        for (int r = 0; r < kVecCols; ++r) partial[warp][i * kVecCols + r] = acc[i][r];
-      }
-    }
-    __syncthreads();
-  }
-  // Lane i * kVecCols + r of the group's first warp writes (i, r).
-  if (v.part != 0 || lane >= M * kVecCols) return;
-  const int i = lane / kVecCols, r = lane % kVecCols;
-  const int64_t j = v.j0 + r;
-  if (i >= rows || j >= p.n) return;
-  float sum;
-  if (ksplit > 1) {
-    sum = partial[warp][lane];
-    for (int w = 1; w < ksplit; ++w) sum += partial[warp + w][lane];
-  } else {
-    sum = 0.0f;
-#pragma unroll
-    for (int ii = 0; ii < M; ++ii) {
-#pragma unroll
-      for (int rr = 0; rr < kVecCols; ++rr) {
-        if (ii * kVecCols + rr == lane) sum = acc[ii][rr];
-      }
-    }
-  }
-  float* c = p.c + (row0 + i) * p.ldc + j;
-  *c = p.accumulate ? *c + sum : sum;
-}
-
 // Block (x, y): output columns x * kWarps .. + kWarps - 1 (one warp each) of one group: group y
 // when the grid has a block row per group, else the group whose first row is y (rows that are
 // not a group's first leave their block idle), so a decode step with few busy experts launches
@@ -446,35 +262,15 @@ cudaError_t LaunchSmallM(const Fp8SmallMGemmParams& p, int64_t row0, int rows, i
   return cudaGetLastError();
 }
 
-template <int M, bool kBf16A>
-cudaError_t LaunchSmallMVec(const Fp8SmallMGemmParams& p, int64_t row0, int rows,
-                            cudaStream_t stream) {
-  // Split a row's k over twice the warps while the launch stays within kVecTargetWarps and every
-  // thread of the group still gets at least one chunk of the row.
-  const int64_t cols = (p.n + kVecCols - 1) / kVecCols;
-  const int64_t chunks = p.k / kLaneElems;
-  int ksplit = 1;
-  while (ksplit < kWarps && cols * ksplit * 2 <= kVecTargetWarps && chunks >= 64 * ksplit) {
-    ksplit *= 2;
-  }
-  const int groups = kWarps / ksplit;
-  const int64_t blocks = (cols + groups - 1) / groups;
-  return LaunchPrefetchThenAfterPrecedingGrids<&Fp8SmallMVecPrefetch, &Fp8SmallMVecBody<M, kBf16A>,
-                                               kThreads>(dim3(static_cast<unsigned>(blocks)), 0,
-                                                         stream, p, row0, rows, ksplit);
-}
-
 template <bool kBf16A, bool kVec>
 cudaError_t LaunchSmallMRows(const Fp8SmallMGemmParams& p, int64_t row0, int rows, int ksplit,
                              cudaStream_t stream) {
   if constexpr (kVec) {
-    if (rows <= 2 && p.gemv_form != Fp8GemvForm::kOneBatch) {
+    if (rows <= 2) {
       const bool one_chunk = p.gemv_form == Fp8GemvForm::kPipelined1 ||
                              (p.gemv_form == Fp8GemvForm::kAuto && rows == 2);
       return Fp8PipelinedGemv(p, row0, rows, one_chunk ? 1 : 2, stream);
     }
-    if (rows <= 1) return LaunchSmallMVec<1, kBf16A>(p, row0, rows, stream);
-    if (rows <= 2) return LaunchSmallMVec<2, kBf16A>(p, row0, rows, stream);
   } else {
     if (rows <= 1) return LaunchSmallM<1, kBf16A, kVec>(p, row0, rows, ksplit, stream);
     if (rows <= 2) return LaunchSmallM<2, kBf16A, kVec>(p, row0, rows, ksplit, stream);

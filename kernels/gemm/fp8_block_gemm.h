@@ -78,11 +78,10 @@ inline constexpr int64_t kFp8SmallMGemmRowsPerLaunch = 8;
 // kPipelined2 at one row, kPipelined1 at two (whose registers leave room for two blocks an SM).
 // kPipelinedN: a lane loads N 16-byte chunks of each of a warp's 4 weight rows a batch and
 // issues batch t + 1's loads before it uses batch t, in a grid of one wave (as many blocks as fit
-// on the device, each walking column tiles of the same work). kOneBatch: each warp
-// owns its tile (one launch wave or more) and loads a batch of 2 chunks of 4 rows only after
-// using the previous one. All give the header's sums; the order of a row's additions over k
-// differs between forms (each is deterministic). fp8_block_gemm_bench compares them.
-enum class Fp8GemvForm : int { kAuto = 0, kPipelined1, kPipelined2, kOneBatch };
+// on the device, each walking column tiles of the same work). Both give the header's sums; the
+// order of a row's additions over k differs between them (each is deterministic).
+// fp8_block_gemm_bench compares them.
+enum class Fp8GemvForm : int { kAuto = 0, kPipelined1, kPipelined2 };
 
 // c[i, j] (+)= sum_p bf16(a[i, p]) * w(j, p) * scale(j, p) for i < m, j < n, p < k. a is fp32
 // (rounded to bf16 to nearest even as it is read, as RoundF32ToBf16) or, with a_bf16, bf16 bits.

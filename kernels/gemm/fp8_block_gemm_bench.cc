@@ -14,7 +14,7 @@
 // `--decode`: only the decode GEMVs at m = 1 and 2 (Moonlight's q_proj, kv_a and o_proj,
 // DeepSeek-V3's q_a, q_b, o_proj, kv_a, the dense MLP's gate_up and down and the shared expert's
 // gate_up and down): Fp8SmallMGemm in its default form, then each Fp8GemvForm
-// ("forms pipelined1 / pipelined2 / one-batch") and the default form at each k split ("ksplit
+// ("forms pipelined1 / pipelined2") and the default form at each k split ("ksplit
 // 1/2/4/8", microseconds), the staged GEMV's FP8 form (the copy prologue,
 // one target) and SmallMGemmBf16 on the same shape. `--decode --no-pdl`: the same without
 // programmatic dependent launch (the kernels that use it then run in full stream order).
@@ -91,8 +91,7 @@ void DenseShapes(const std::vector<GemmShape>& shapes, const std::vector<int64_t
         // Each 1-2 row form of the vector kernel (staged: the decode list).
         std::printf("   forms");
         for (const kernels::Fp8GemvForm form :
-             {kernels::Fp8GemvForm::kPipelined1, kernels::Fp8GemvForm::kPipelined2,
-              kernels::Fp8GemvForm::kOneBatch}) {
+             {kernels::Fp8GemvForm::kPipelined1, kernels::Fp8GemvForm::kPipelined2}) {
           const double us = GraphMicros(copies, [&](int c, cudaStream_t st) {
             kernels::Fp8SmallMGemmParams p;
             p.m = m, p.n = s.n, p.k = s.k, p.a = a, p.lda = s.k;
@@ -231,9 +230,9 @@ int main(int argc, char** argv) {
       deepinfer::kernels::SetProgrammaticDependentLaunch(false);
     }
     const std::vector<deepinfer::bench::GemmShape> decode = {
-        {"moon q_proj", 3072, 2048}, {"moon kv_a", 576, 2048}, {"moon o_proj", 2048, 2048},
-        {"v3 q_a", 1536, 7168},      {"v3 q_b", 24576, 1536},  {"v3 o_proj", 7168, 16384},
-        {"v3 kv_a", 576, 7168},      {"v3 dense gu", 36864, 7168}, {"v3 dense dn", 7168, 18432},
+        {"moon q_proj", 3072, 2048},  {"moon kv_a", 576, 2048},     {"moon o_proj", 2048, 2048},
+        {"v3 q_a", 1536, 7168},       {"v3 q_b", 24576, 1536},      {"v3 o_proj", 7168, 16384},
+        {"v3 kv_a", 576, 7168},       {"v3 dense gu", 36864, 7168}, {"v3 dense dn", 7168, 18432},
         {"v3 shared gu", 4096, 7168}, {"v3 shared dn", 7168, 2048}};
     deepinfer::DenseShapes(decode, {1, 2}, true);
     return 0;
