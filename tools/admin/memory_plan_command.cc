@@ -181,6 +181,11 @@ std::string FormatGpuMemoryReport(const GpuMemoryReport& r, const MemoryPlanComm
       absl::StrAppendFormat(&parts, "%sa group of MXFP4 experts as bf16 %.2f GiB",
                             parts.empty() ? "" : ", ", GiB(r.dequant_scratch.mxfp4_bytes));
     }
+    if (r.dequant_scratch.shared_expert_copy_bytes > 0) {
+      absl::StrAppendFormat(&parts, "%sFP8 shared experts' parts %.2f GiB",
+                            parts.empty() ? "" : ", ",
+                            GiB(r.dequant_scratch.shared_expert_copy_bytes));
+    }
     row("dequant scratch", r.dequant_scratch.total(), absl::StrCat("(", parts, ")"));
   }
   row("decode graph memory", r.graph_bytes,

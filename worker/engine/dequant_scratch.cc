@@ -17,6 +17,14 @@ DequantScratch DequantScratchOf(const ModelConfig& config, const Architecture& a
     load.keep_fp8 = [](const std::string&) { return true; };
     s.fp8_bytes = ModelWeights::Fp8DequantScratchBytes(config, load);
   }
+  if (keep_fp8 && arch.keeps_fp8 && !mxfp4_experts && config.n_shared_experts > 1) {
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < config.num_hidden_layers + config.num_draft_layers; ++l) {
+      if (config.IsMoeLayer(l)) ++moe_layers;
+    }
+    s.shared_expert_copy_bytes = moe_layers * 2 * config.n_shared_experts *
+                                 config.moe_intermediate_size * config.hidden_size;
+  }
   if (mxfp4_experts && arch.keeps_mxfp4_experts) {
     s.mxfp4_bytes = Mxfp4DequantScratchBytes(config.n_routed_experts, config.hidden_size,
                                              config.moe_intermediate_size);

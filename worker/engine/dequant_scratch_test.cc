@@ -49,5 +49,24 @@ TEST(DequantScratchTest, TermsByHandWhereBothKeepTheFormat) {
   EXPECT_EQ(DequantScratchOf(*config, neither, true, true).total(), 0);
 }
 
+// Two shared experts: their gate_up copied as two parts per MoE layer, 2 x 2 x 8 x 16 = 512
+// bytes; the config's MoE layers are layer 1 (first_k_dense_replace 1) and, with one draft
+// layer, layer 2. None with MXFP4 experts, without FP8, or with one shared expert.
+TEST(DequantScratchTest, SharedExpertPartsWithMoreThanOneSharedExpert) {
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(kSmallV3, "small");
+  ASSERT_TRUE(config.ok()) << config.status();
+  Architecture fp8;
+  fp8.keeps_fp8 = true;
+  EXPECT_EQ(DequantScratchOf(*config, fp8, true, false).shared_expert_copy_bytes, 0);
+  config->n_shared_experts = 2;
+  DequantScratch s = DequantScratchOf(*config, fp8, /*keep_fp8=*/true, /*mxfp4_experts=*/false);
+  EXPECT_EQ(s.shared_expert_copy_bytes, 512);
+  EXPECT_EQ(s.total(), s.fp8_bytes + 512);
+  config->num_draft_layers = 1;
+  EXPECT_EQ(DequantScratchOf(*config, fp8, true, false).shared_expert_copy_bytes, 1024);
+  EXPECT_EQ(DequantScratchOf(*config, fp8, true, true).shared_expert_copy_bytes, 0);
+  EXPECT_EQ(DequantScratchOf(*config, fp8, false, false).shared_expert_copy_bytes, 0);
+}
+
 }  // namespace
 }  // namespace deepinfer
