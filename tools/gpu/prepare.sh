@@ -104,6 +104,9 @@ tests=(
   //worker/backend/cuda:cuda_backend_attention_test
   //worker/backend/cuda:cuda_backend_moe_test
   //worker/backend/cuda:cuda_backend_fp8_test
+  //worker/backend/cuda:cuda_backend_fp8_fused_test
+  //worker/backend/cuda:cuda_backend_fp8_shared_test
+  //worker/backend/cuda:cuda_backend_w8a8_test
   //worker/backend/cuda:cuda_backend_fp8_cache_test
   //worker/backend/cuda:cuda_backend_mxfp4_test
   //worker/backend/cuda:cublaslt_fp8_gemm_test

@@ -27,6 +27,7 @@
 #include "worker/backend/bf16.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/cuda_backend_test_fixture.h"
+#include "worker/backend/cuda/cuda_fp8_test_matrix.h"
 #include "worker/model/dtype_conversion.h"
 
 namespace deepinfer {
@@ -34,15 +35,9 @@ namespace {
 
 using testing::CallsOf;
 using testing::CudaBackendTest;
-
-// A random FP8 matrix [n, k] (stacked at split rows, 0: not) on the device with scale rows of
-// stride scale_ld (zero padding), and its dequantised values on the host.
-struct Fp8Matrix {
-  int64_t n = 0, k = 0, split = 0, scale_ld = 0;
-  std::vector<double> dequant;  // [n, k]
-  std::unique_ptr<DeviceBuffer> data, scales;
-  Fp8BlockScales fp8() const { return Fp8BlockScales{scales->as<float>(), scale_ld, split}; }
-};
+using testing::Fp8Matrix;
+using testing::QuantisedActivations;
+using testing::RandomFp8Matrix;
 
 // An MLP of intermediate size inter on the host: gate_up [2 inter, H] (gate rows, then up rows),
 // down [H, inter], row-major dequantised values.
@@ -50,22 +45,6 @@ struct HostMlp {
   int64_t inter = 0;
   std::vector<double> gate_up, down;
 };
-
-// The activations as the W8A8 path reads them: per row and 128-wide block, s = max(amax / 448,
-// FLT_MIN) and e4m3(x / s) * s.
-std::vector<double> Quantised(const std::vector<float>& a) {
-  std::vector<double> x(a.size());
-  for (size_t p0 = 0; p0 < a.size(); p0 += 128) {
-    const size_t p1 = std::min(a.size(), p0 + 128);
-    float amax = 0.0f;
-    for (size_t p = p0; p < p1; ++p) amax = std::max(amax, std::fabs(a[p]));
-    const float s = std::max(amax / 448.0f, FLT_MIN);
-    for (size_t p = p0; p < p1; ++p) {
-      x[p] = static_cast<double>(F8E4M3ToFloat(FloatToF8E4M3(a[p] / s))) * s;
-    }
-  }
-  return x;
-}
 
 // The W8A8 bound of a k-long sum (cuda_backend_fp8_test's Bound for kW8A8): fp32 sums with
 // (k + 64) roundings, FP8 tensor-core accumulation 2^-8 of sum |.|.
@@ -103,32 +82,7 @@ class CudaFp8SharedSwapTest : public CudaBackendTest {
   }
 
   Fp8Matrix RandomFp8(int64_t n, int64_t k, int64_t split, int64_t scale_ld, std::mt19937* gen) {
-    Fp8Matrix m;
-    m.n = n, m.k = k, m.split = split, m.scale_ld = scale_ld;
-    std::uniform_int_distribution<int> byte(0, 255);
-    std::uniform_real_distribution<float> exponent(-9.0f, -5.0f);
-    std::vector<uint8_t> bytes(n * k);
-    for (uint8_t& b : bytes) {
-      do {
-        b = static_cast<uint8_t>(byte(*gen));
-      } while ((b & 0x7F) == 0x7F);  // NaN
-    }
-    const int64_t cols = kernels::Fp8ScaleCols(k);
-    std::vector<float> scales(kernels::Fp8ScaleRows(n, split) * scale_ld, 0.0f);
-    for (size_t i = 0; i < scales.size(); ++i) {
-      if (static_cast<int64_t>(i) % scale_ld < cols) scales[i] = std::exp2(exponent(*gen));
-    }
-    m.dequant.resize(n * k);
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t p = 0; p < k; ++p) {
-        m.dequant[j * k + p] = static_cast<double>(F8E4M3ToFloat(bytes[j * k + p])) *
-                               scales[kernels::Fp8ScaleRow(j, split) * scale_ld + p / 128];
-      }
-    }
-    m.data = gpu_->Allocate(bytes.size());
-    gpu_->CopyToDevice(bytes.data(), bytes.size(), m.data->data());
-    m.scales = Upload(scales);
-    return m;
+    return RandomFp8Matrix(gpu_.get(), n, k, split, gen, scale_ld);
   }
 
   // Adds weight * MLP(x) of one choice to want and its bound to tol (the routed swap test's
@@ -140,7 +94,7 @@ class CudaFp8SharedSwapTest : public CudaBackendTest {
     const int64_t inter = m.inter;
     const double step = std::ldexp(1.0, -3);
     std::vector<double> g, gmag;
-    HostGemv(Quantised(x_bf16), m.gate_up.data(), 2 * inter, H, &g, &gmag);
+    HostGemv(QuantisedActivations(x_bf16, 1, H), m.gate_up.data(), 2 * inter, H, &g, &gmag);
     std::vector<float> act(inter);
     std::vector<double> dact(inter);
     double act_max = 0, dact_max = 0;
@@ -154,7 +108,7 @@ class CudaFp8SharedSwapTest : public CudaBackendTest {
       dact_max = std::max(dact_max, dact[i]);
     }
     std::vector<double> y, ymag;
-    HostGemv(Quantised(act), m.down.data(), H, inter, &y, &ymag);
+    HostGemv(QuantisedActivations(act, 1, inter), m.down.data(), H, inter, &y, &ymag);
     for (int64_t h = 0; h < H; ++h) {
       double largest = 0, carried = 0;
       for (int64_t i = 0; i < inter; ++i) {

@@ -2,8 +2,8 @@
 // the dequantised weights: Gemm on each of its paths (W8A8 on cuBLASLt, the tensor-core and
 // CUDA-core FP8 kernels: exact dequantised weights; the fallback: the weight dequantised and
 // rounded to bf16 for cuBLAS), GroupedGemm, GateUpSiluMulBf16, and RoutedExperts with FP8
-// experts eager and replayed from a CUDA graph; the fused decode MoE block and dense MLP
-// (RoutedAndSharedExperts, NormedDenseMlp); the batch-invariant mode's Gemm. The W8A16
+// experts eager and replayed from a CUDA graph; the batch-invariant mode's Gemm (the fused decode
+// MoE block and dense MLP: cuda_backend_fp8_fused_test.cc). The W8A16
 // paths read every activation rounded to bf16, the W8A8 path quantised to e4m3 per 128-wide
 // block (computed here on the host with the loader's e4m3 encoder); products are exact and sums
 // in double; tolerances are stated per test.
@@ -28,6 +28,7 @@
 #include "worker/backend/cuda/cublaslt_fp8_gemm.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/cuda_backend_test_fixture.h"
+#include "worker/backend/cuda/cuda_fp8_test_matrix.h"
 #include "worker/model/dtype_conversion.h"
 
 namespace deepinfer {
@@ -35,72 +36,19 @@ namespace {
 
 using testing::CallsOf;
 using testing::CudaBackendTest;
-
-// A random FP8 matrix [n, k] (stacked at split rows, 0: not) on the device, its scale rows with
-// the loader's stride (kernels::Fp8ScaleLd, zero padding), and its dequantised values on the
-// host.
-struct Fp8Matrix {
-  int64_t n = 0, k = 0, split = 0;
-  std::vector<double> dequant;  // [n, k]
-  std::unique_ptr<DeviceBuffer> data, scales;
-  WeightView view() const {
-    return WeightView(data->data(),
-                      Fp8BlockScales{scales->as<float>(), kernels::Fp8ScaleLd(k), split});
-  }
-};
+using testing::Fp8Matrix;
+using testing::QuantisedActivations;
+using testing::RandomFp8Matrix;
 
 // How a path reads its operands: activations rounded to bf16 against the exact dequantised
 // weight (W8A16: the FP8 kernels), the same against the weight rounded to bf16 (the dequantised
 // fallback on cuBLAS), or activations quantised to e4m3 per 128-wide block (W8A8).
 enum class Numerics { kW8A16, kBf16Weight, kW8A8 };
 
-// The activations as a W8A8 GEMM reads them: per row and 128-wide block, s = max(amax / 448,
-// FLT_MIN) and e4m3(x / s) * s (kernels/gemm/fp8_quantize.h's scheme, on the host).
-std::vector<double> QuantisedActivations(const std::vector<float>& a, int64_t m, int64_t k) {
-  std::vector<double> x(m * k);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t p0 = 0; p0 < k; p0 += 128) {
-      const int64_t p1 = std::min(k, p0 + 128);
-      float amax = 0.0f;
-      for (int64_t p = p0; p < p1; ++p) amax = std::max(amax, std::fabs(a[i * k + p]));
-      const float s = std::max(amax / 448.0f, FLT_MIN);
-      for (int64_t p = p0; p < p1; ++p) {
-        x[i * k + p] = static_cast<double>(F8E4M3ToFloat(FloatToF8E4M3(a[i * k + p] / s))) * s;
-      }
-    }
-  }
-  return x;
-}
-
 class CudaFp8Test : public CudaBackendTest {
  protected:
   Fp8Matrix RandomFp8(int64_t n, int64_t k, int64_t split, std::mt19937* gen) {
-    Fp8Matrix m;
-    m.n = n, m.k = k, m.split = split;
-    std::uniform_int_distribution<int> byte(0, 255);
-    std::uniform_real_distribution<float> exponent(-9.0f, -5.0f);
-    std::vector<uint8_t> bytes(n * k);
-    for (uint8_t& b : bytes) {
-      do {
-        b = static_cast<uint8_t>(byte(*gen));
-      } while ((b & 0x7F) == 0x7F);  // NaN
-    }
-    const int64_t ld = kernels::Fp8ScaleLd(k), cols = kernels::Fp8ScaleCols(k);
-    std::vector<float> scales(kernels::Fp8ScaleRows(n, split) * ld, 0.0f);
-    for (size_t i = 0; i < scales.size(); ++i) {
-      if (static_cast<int64_t>(i) % ld < cols) scales[i] = std::exp2(exponent(*gen));
-    }
-    m.dequant.resize(n * k);
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t p = 0; p < k; ++p) {
-        m.dequant[j * k + p] = static_cast<double>(F8E4M3ToFloat(bytes[j * k + p])) *
-                               scales[kernels::Fp8ScaleRow(j, split) * ld + p / 128];
-      }
-    }
-    m.data = gpu_->Allocate(bytes.size());
-    gpu_->CopyToDevice(bytes.data(), bytes.size(), m.data->data());
-    m.scales = Upload(scales);
-    return m;
+    return RandomFp8Matrix(gpu_.get(), n, k, split, gen);
   }
   // Whether this device runs Gemm's W8A8 path (cuBLASLt's block-scaled FP8: compute capability
   // 9.0).
@@ -581,203 +529,6 @@ TEST_F(CudaFp8SwapRoutedExpertsTest, ReplayedFromACudaGraph) {
 TEST_F(CudaFp8RoutedExpertsTest, ReplayedFromACudaGraph) {
   Run(1, true);
   Run(9, true);
-}
-
-// The fused decode ops on FP8 matrices (kernels::MoeDecodeFusedFp8: the weights dequantised
-// exactly, activations fp32): RoutedAndSharedExperts with FP8 routed and shared experts at 1 and
-// 2 tokens, eager and replayed from a CUDA graph, and NormedDenseMlp, against the host in double
-// on the dequantised weights. fp32 sums in another order: within 1e-4 of the largest output (a
-// missing part, a wrong scale row or column, a wrong routing weight is of its order).
-class CudaFp8FusedDecodeTest : public CudaFp8Test {
- protected:
-  static constexpr int64_t E = 16, K = 4, H = 256, I = 96, S = 2;
-
-  // down(silu(gate x) * up x), gate_up [2 inter, H] (gate rows then up rows), down [H, inter].
-  static std::vector<double> HostMlp(const float* x, const Fp8Matrix& gu, const Fp8Matrix& dn,
-                                     int64_t inter) {
-    std::vector<double> act(inter), y(H, 0.0);
-    for (int64_t j = 0; j < inter; ++j) {
-      double g = 0, u = 0;
-      for (int64_t p = 0; p < H; ++p) {
-        g += x[p] * gu.dequant[j * H + p];
-        u += x[p] * gu.dequant[(inter + j) * H + p];
-      }
-      act[j] = g / (1.0 + std::exp(-g)) * u;
-    }
-    for (int64_t f = 0; f < H; ++f) {
-      for (int64_t j = 0; j < inter; ++j) y[f] += act[j] * dn.dequant[f * inter + j];
-    }
-    return y;
-  }
-
-  static void ExpectClose(const std::vector<float>& got, const std::vector<double>& want) {
-    ASSERT_EQ(got.size(), want.size());
-    double scale = 0;
-    for (double v : want) scale = std::max(scale, std::abs(v));
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_LE(std::abs(got[i] - want[i]), 1e-4 * scale + 1e-30)
-          << "element " << i << " got " << got[i] << " want " << want[i];
-    }
-  }
-
-  void Run(int32_t T, bool graph) {
-    const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message()
-                 << "seed " << seed << " tokens " << T << (graph ? " replayed" : " eager"));
-    std::mt19937 gen(seed);
-    std::vector<Fp8Matrix> gu, dn;
-    std::vector<const void*> gu_ptr, dn_ptr, gu_scale, dn_scale;
-    for (int64_t e = 0; e < E; ++e) {
-      gu.push_back(RandomFp8(2 * I, H, I, &gen));
-      dn.push_back(RandomFp8(H, I, 0, &gen));
-      gu_ptr.push_back(gu.back().data->data());
-      dn_ptr.push_back(dn.back().data->data());
-      gu_scale.push_back(gu.back().scales->data());
-      dn_scale.push_back(dn.back().scales->data());
-    }
-    const Fp8Matrix shared_gu = RandomFp8(2 * S * I, H, S * I, &gen);
-    const Fp8Matrix shared_dn = RandomFp8(H, S * I, 0, &gen);
-    auto table = [&](const std::vector<const void*>& v) {
-      auto b = gpu_->Allocate(v.size() * sizeof(void*));
-      gpu_->CopyToDevice(v.data(), v.size() * sizeof(void*), b->data());
-      return b;
-    };
-    auto t_gu = table(gu_ptr), t_dn = table(dn_ptr), t_gus = table(gu_scale),
-         t_dns = table(dn_scale);
-    const std::vector<float> x = testing::RandomFloats(T * H, seed);
-    // Distinct ascending ids per token; expert e in slot E - 1 - e.
-    std::vector<int32_t> ids(T * K), slots(E);
-    std::vector<float> wts(T * K);
-    std::uniform_real_distribution<float> uw(0.1f, 1.0f);
-    for (int32_t t = 0; t < T; ++t) {
-      std::vector<int32_t> all(E);
-      for (int32_t e = 0; e < E; ++e) all[e] = e;
-      std::shuffle(all.begin(), all.end(), gen);
-      std::sort(all.begin(), all.begin() + K);
-      for (int64_t k = 0; k < K; ++k) {
-        ids[t * K + k] = all[k];
-        wts[t * K + k] = uw(gen);
-      }
-    }
-    std::vector<const void*> gu_slot(E), dn_slot(E), gus_slot(E), dns_slot(E);
-    for (int32_t e = 0; e < E; ++e) {
-      slots[e] = static_cast<int32_t>(E - 1 - e);
-      gu_slot[slots[e]] = gu_ptr[e];
-      dn_slot[slots[e]] = dn_ptr[e];
-      gus_slot[slots[e]] = gu_scale[e];
-      dns_slot[slots[e]] = dn_scale[e];
-    }
-    t_gu = table(gu_slot), t_dn = table(dn_slot), t_gus = table(gus_slot), t_dns = table(dns_slot);
-    auto dx = Upload(x), dw = Upload(wts);
-    auto dids = gpu_->Allocate(ids.size() * 4), dslots = gpu_->Allocate(E * 4);
-    gpu_->CopyToDevice(ids.data(), ids.size() * 4, dids->data());
-    gpu_->CopyToDevice(slots.data(), E * 4, dslots->data());
-    auto out = Poisoned(T * H);
-    RoutedExpertsArgs a;
-    a.num_tokens = T;
-    a.top_k = K;
-    a.num_experts = E;
-    a.hidden_size = H;
-    a.inter = I;
-    a.hidden = dx->as<float>();
-    a.topk_ids = dids->as<int32_t>();
-    a.topk_weights = dw->as<float>();
-    a.slot_of_expert = dslots->as<int32_t>();
-    a.gate_up = static_cast<const void* const*>(t_gu->data());
-    a.down = static_cast<const void* const*>(t_dn->data());
-    a.gate_up_scales = static_cast<const float* const*>(t_gus->data());
-    a.down_scales = static_cast<const float* const*>(t_dns->data());
-    a.gate_up_scale_ld = kernels::Fp8ScaleLd(H);
-    a.down_scale_ld = kernels::Fp8ScaleLd(I);
-    a.dtype = WeightDType::kFp8E4M3;
-    a.shared_inter = S * I;
-    a.shared_gate_up = shared_gu.data->data();
-    a.shared_down = shared_dn.data->data();
-    a.shared_gate_up_fp8 = shared_gu.view().fp8;
-    a.shared_down_fp8 = shared_dn.view().fp8;
-    a.out = out->as<float>();
-    gpu_->SetOpTiming(!graph);
-    if (graph) {
-      auto rec = gpu_->Capture([&]() -> absl::Status {
-        return gpu_->RoutedAndSharedExperts(a)
-                   ? absl::OkStatus()
-                   : absl::InternalError("RoutedAndSharedExperts not taken");
-      });
-      ASSERT_TRUE(rec.ok()) << rec.status();
-      ASSERT_TRUE((*rec)->Replay().ok());
-    } else {
-      ASSERT_TRUE(gpu_->RoutedAndSharedExperts(a));
-    }
-    ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
-    const std::string report = gpu_->TakeOpTimingReport();
-    gpu_->SetOpTiming(false);
-    if (!graph) {
-      EXPECT_EQ(CallsOf(report, "RoutedAndSharedExpertsFp8"), 1) << report;
-    }
-    std::vector<double> want(T * H, 0.0);
-    for (int32_t t = 0; t < T; ++t) {
-      const float* xt = x.data() + t * H;
-      for (int64_t k = 0; k < K; ++k) {
-        const int32_t e = ids[t * K + k];
-        const std::vector<double> y = HostMlp(xt, gu[e], dn[e], I);
-        for (int64_t h = 0; h < H; ++h) want[t * H + h] += wts[t * K + k] * y[h];
-      }
-      const std::vector<double> y = HostMlp(xt, shared_gu, shared_dn, S * I);
-      for (int64_t h = 0; h < H; ++h) want[t * H + h] += y[h];
-    }
-    ExpectClose(Download(*out), want);
-  }
-};
-
-TEST_F(CudaFp8FusedDecodeTest, RoutedAndSharedExpertsAtDecodeSizes) {
-  Run(1, false);
-  Run(2, false);
-}
-
-TEST_F(CudaFp8FusedDecodeTest, RoutedAndSharedExpertsReplayedFromACudaGraph) { Run(1, true); }
-
-TEST_F(CudaFp8FusedDecodeTest, NormedDenseMlpOnFp8Matrices) {
-  const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937 gen(seed);
-  const int64_t inter = 3 * I;
-  const Fp8Matrix gu = RandomFp8(2 * inter, H, inter, &gen);
-  const Fp8Matrix dn = RandomFp8(H, inter, 0, &gen);
-  const std::vector<float> x = testing::RandomFloats(H, seed),
-                           y = testing::RandomFloats(H, seed + 1),
-                           w = testing::RandomFloats(H, seed + 2);
-  auto dx = Upload(x), dy = Upload(y), dnorm = Upload(w), normed = Poisoned(H), out = Poisoned(H);
-  DenseMlpArgs d;
-  d.rows = 1;
-  d.hidden_size = H;
-  d.inter = inter;
-  d.x = dx->as<float>();
-  d.y = dy->as<float>();
-  d.norm_weight = dnorm->as<float>();
-  d.eps = 1e-6f;
-  d.normed = normed->as<float>();
-  d.gate_up = gu.view();
-  d.down = dn.view();
-  d.out = out->as<float>();
-  gpu_->SetOpTiming(true);
-  ASSERT_TRUE(gpu_->NormedDenseMlp(d));
-  ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
-  const std::string report = gpu_->TakeOpTimingReport();
-  gpu_->SetOpTiming(false);
-  EXPECT_EQ(CallsOf(report, "NormedDenseMlpFp8"), 1) << report;
-  // The norm on the host (x + y, RMS-normalised, times w), then the MLP of the device's normed
-  // row (so the MLP is checked on exactly its input).
-  std::vector<double> sum(H), want_normed(H);
-  double ms = 0;
-  for (int64_t i = 0; i < H; ++i) {
-    sum[i] = static_cast<double>(x[i]) + y[i];
-    ms += sum[i] * sum[i];
-  }
-  const double inv = 1.0 / std::sqrt(ms / H + 1e-6);
-  for (int64_t i = 0; i < H; ++i) want_normed[i] = sum[i] * inv * w[i];
-  const std::vector<float> got_normed = Download(*normed);
-  ExpectClose(got_normed, want_normed);
-  ExpectClose(Download(*out), HostMlp(got_normed.data(), gu, dn, inter));
 }
 
 TEST_F(CudaFp8Test, BatchedGemmRefusesFp8) {

@@ -21,6 +21,7 @@
 #include "worker/backend/cuda/cublaslt_fp8_gemm.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/cuda_backend_test_fixture.h"
+#include "worker/backend/cuda/cuda_fp8_test_matrix.h"
 #include "worker/model/dtype_conversion.h"
 
 namespace deepinfer {
@@ -28,35 +29,9 @@ namespace {
 
 using testing::CallsOf;
 using testing::CudaBackendTest;
-
-// A random FP8 matrix [n, k] on the device (scale rows at the loader's stride, stacked at split
-// rows, 0: not) and its dequantised values on the host.
-struct Fp8Matrix {
-  int64_t n = 0, k = 0, split = 0;
-  std::vector<double> dequant;
-  std::unique_ptr<DeviceBuffer> data, scales;
-  WeightView view() const {
-    return WeightView(data->data(),
-                      Fp8BlockScales{scales->as<float>(), kernels::Fp8ScaleLd(k), split});
-  }
-};
-
-// Per row and 128-wide block: s = max(amax / 448, FLT_MIN), e4m3(x / s) * s.
-std::vector<double> Quantised(const std::vector<float>& a, int64_t m, int64_t k) {
-  std::vector<double> x(m * k);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t p0 = 0; p0 < k; p0 += 128) {
-      const int64_t p1 = std::min(k, p0 + 128);
-      float amax = 0.0f;
-      for (int64_t p = p0; p < p1; ++p) amax = std::max(amax, std::fabs(a[i * k + p]));
-      const float s = std::max(amax / 448.0f, FLT_MIN);
-      for (int64_t p = p0; p < p1; ++p) {
-        x[i * k + p] = static_cast<double>(F8E4M3ToFloat(FloatToF8E4M3(a[i * k + p] / s))) * s;
-      }
-    }
-  }
-  return x;
-}
+using testing::Fp8Matrix;
+using testing::QuantisedActivations;
+using testing::RandomFp8Matrix;
 
 class CudaW8A8Test : public CudaBackendTest {
  protected:
@@ -67,32 +42,7 @@ class CudaW8A8Test : public CudaBackendTest {
   }
 
   Fp8Matrix RandomFp8(int64_t n, int64_t k, int64_t split, std::mt19937* gen) {
-    Fp8Matrix m;
-    m.n = n, m.k = k, m.split = split;
-    std::uniform_int_distribution<int> byte(0, 255);
-    std::uniform_real_distribution<float> exponent(-9.0f, -5.0f);
-    std::vector<uint8_t> bytes(n * k);
-    for (uint8_t& b : bytes) {
-      do {
-        b = static_cast<uint8_t>(byte(*gen));
-      } while ((b & 0x7F) == 0x7F);  // NaN
-    }
-    const int64_t ld = kernels::Fp8ScaleLd(k), cols = kernels::Fp8ScaleCols(k);
-    std::vector<float> scales(kernels::Fp8ScaleRows(n, split) * ld, 0.0f);
-    for (size_t i = 0; i < scales.size(); ++i) {
-      if (static_cast<int64_t>(i) % ld < cols) scales[i] = std::exp2(exponent(*gen));
-    }
-    m.dequant.resize(n * k);
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t p = 0; p < k; ++p) {
-        m.dequant[j * k + p] = static_cast<double>(F8E4M3ToFloat(bytes[j * k + p])) *
-                               scales[kernels::Fp8ScaleRow(j, split) * ld + p / 128];
-      }
-    }
-    m.data = gpu_->Allocate(bytes.size());
-    gpu_->CopyToDevice(bytes.data(), bytes.size(), m.data->data());
-    m.scales = Upload(scales);
-    return m;
+    return RandomFp8Matrix(gpu_.get(), n, k, split, gen);
   }
 
   // got [m, ldc] (first n columns) against x (the quantised rows, [m, k]) times w, in double:
@@ -185,7 +135,7 @@ TEST_F(CudaW8A8Test, AddRmsNormGemmsQuantisesOnceForEveryTarget) {
     if (t.bf16) {
       for (int64_t e = 0; e < rows * dim; ++e) cpu_rows[e] = Bf16BitsToFloat(cpu_bf16[e]);
     }
-    const std::vector<double> q = Quantised(cpu_rows, rows, dim);
+    const std::vector<double> q = QuantisedActivations(cpu_rows, rows, dim);
     for (size_t g = 0; g < w.size(); ++g) {
       SCOPED_TRACE(::testing::Message() << "target " << g);
       const std::vector<float> got = Download(*outs[g]);
@@ -263,7 +213,7 @@ TEST_F(CudaW8A8Test, SwiGluMlpQuantisesTheSiluMulForDown) {
 
     const bool gate_up_bf16 = rows >= CudaBackend::kBf16GateUpMinRows;
     const double bf16_step = std::ldexp(1.0, -8), step = std::ldexp(1.0, -3);
-    const std::vector<double> hq = Quantised(h, rows, H);
+    const std::vector<double> hq = QuantisedActivations(h, rows, H);
     for (int64_t i = 0; i < rows; ++i) {
       std::vector<float> act(I);
       std::vector<double> dact(I);
@@ -285,7 +235,7 @@ TEST_F(CudaW8A8Test, SwiGluMlpQuantisesTheSiluMulForDown) {
         act_max = std::max(act_max, std::abs(static_cast<double>(act[c])));
         dact_max = std::max(dact_max, dact[c]);
       }
-      const std::vector<double> aq = Quantised(act, 1, I);
+      const std::vector<double> aq = QuantisedActivations(act, 1, I);
       for (int64_t j = 0; j < H; ++j) {
         double y = 0, ymag = 0, largest = 0, carried = 0;
         for (int64_t c = 0; c < I; ++c) {
