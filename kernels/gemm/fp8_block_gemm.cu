@@ -10,6 +10,7 @@
 #include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/fp8_block_gemm_vec.h"
+#include "kernels/gemm/fp8_widen.cuh"
 
 namespace deepinfer {
 namespace kernels {
@@ -44,22 +45,6 @@ __device__ __forceinline__ float Bf16ToFloat(uint32_t bits) { return __uint_as_f
 __device__ __forceinline__ float Fp8ToFloat(uint8_t b) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
   return __half2float(__half(h));
-}
-
-// The 16 e4m3 values of v (byte 0 first) as floats (exact: e4m3 values are fp16 values).
-__device__ __forceinline__ void DecodeFp8x16(const uint4& v, float* w) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>((words[q] >> (16 * h)) & 0xFFFFu), __NV_E4M3);
-      const float2 f = __half22float2(__half2(raw));
-      w[4 * q + 2 * h] = f.x;
-      w[4 * q + 2 * h + 1] = f.y;
-    }
-  }
 }
 
 // 16 activations of row `row` from column col, rounded to bf16 (vector path: 16-byte aligned).

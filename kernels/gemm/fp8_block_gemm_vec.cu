@@ -26,6 +26,7 @@
 #include "kernels/common/launch.cuh"
 #include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/fp8_block_gemm_vec.h"
+#include "kernels/gemm/fp8_widen.cuh"
 
 namespace deepinfer {
 namespace kernels {
@@ -171,22 +172,6 @@ __device__ __forceinline__ void LoadAct16(const void* a, int64_t lda, int64_t ro
   for (int q = 0; q < 8; ++q) {
     x[2 * q] = __uint_as_float(packed[q] << 16);
     x[2 * q + 1] = __uint_as_float(packed[q] & 0xFFFF0000u);
-  }
-}
-
-// The 16 e4m3 values of v (byte 0 first) as floats (exact: e4m3 values are f16 values).
-__device__ __forceinline__ void DecodeFp8x16(const uint4& v, float (&w)[kLaneElems]) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>((words[q] >> (16 * h)) & 0xFFFFu), __NV_E4M3);
-      const float2 f = __half22float2(__half2(raw));
-      w[4 * q + 2 * h] = f.x;
-      w[4 * q + 2 * h + 1] = f.y;
-    }
   }
 }
 
