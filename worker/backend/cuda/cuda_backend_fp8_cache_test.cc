@@ -54,11 +54,6 @@ std::vector<float> VariedEntries(int64_t tokens, uint32_t seed, float binades) {
 
 class CudaBackendFp8CacheTest : public CudaBackendTest {
  protected:
-  std::unique_ptr<DeviceBuffer> UploadInts(const std::vector<int32_t>& v) {
-    auto buf = gpu_->Allocate(v.size() * sizeof(int32_t));
-    gpu_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
-    return buf;
-  }
   std::vector<uint8_t> DownloadBytes(const DeviceBuffer& buf) {
     std::vector<uint8_t> v(buf.size_bytes());
     gpu_->CopyToHost(buf.data(), v.size(), v.data());

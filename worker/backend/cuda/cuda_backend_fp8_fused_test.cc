@@ -23,6 +23,7 @@ using testing::CallsOf;
 using testing::CudaBackendTest;
 using testing::Fp8Matrix;
 using testing::RandomFp8Matrix;
+using testing::RandomTopK;
 
 // The fused decode ops on FP8 matrices (kernels::MoeDecodeFusedFp8: the weights dequantised
 // exactly, activations fp32): RoutedAndSharedExperts with FP8 routed and shared experts at 1 and
@@ -82,28 +83,13 @@ class CudaFp8FusedDecodeTest : public CudaBackendTest {
     }
     const Fp8Matrix shared_gu = RandomFp8(2 * S * I, H, S * I, &gen);
     const Fp8Matrix shared_dn = RandomFp8(H, S * I, 0, &gen);
-    auto table = [&](const std::vector<const void*>& v) {
-      auto b = gpu_->Allocate(v.size() * sizeof(void*));
-      gpu_->CopyToDevice(v.data(), v.size() * sizeof(void*), b->data());
-      return b;
-    };
-    auto t_gu = table(gu_ptr), t_dn = table(dn_ptr), t_gus = table(gu_scale),
-         t_dns = table(dn_scale);
+    auto t_gu = UploadPointers(gu_ptr), t_dn = UploadPointers(dn_ptr),
+         t_gus = UploadPointers(gu_scale), t_dns = UploadPointers(dn_scale);
     const std::vector<float> x = testing::RandomFloats(T * H, seed);
     // Distinct ascending ids per token; expert e in slot E - 1 - e.
     std::vector<int32_t> ids(T * K), slots(E);
     std::vector<float> wts(T * K);
-    std::uniform_real_distribution<float> uw(0.1f, 1.0f);
-    for (int32_t t = 0; t < T; ++t) {
-      std::vector<int32_t> all(E);
-      for (int32_t e = 0; e < E; ++e) all[e] = e;
-      std::shuffle(all.begin(), all.end(), gen);
-      std::sort(all.begin(), all.begin() + K);
-      for (int64_t k = 0; k < K; ++k) {
-        ids[t * K + k] = all[k];
-        wts[t * K + k] = uw(gen);
-      }
-    }
+    RandomTopK(T, K, E, &gen, &ids, &wts);
     std::vector<const void*> gu_slot(E), dn_slot(E), gus_slot(E), dns_slot(E);
     for (int32_t e = 0; e < E; ++e) {
       slots[e] = static_cast<int32_t>(E - 1 - e);
@@ -112,11 +98,10 @@ class CudaFp8FusedDecodeTest : public CudaBackendTest {
       gus_slot[slots[e]] = gu_scale[e];
       dns_slot[slots[e]] = dn_scale[e];
     }
-    t_gu = table(gu_slot), t_dn = table(dn_slot), t_gus = table(gus_slot), t_dns = table(dns_slot);
+    t_gu = UploadPointers(gu_slot), t_dn = UploadPointers(dn_slot),
+    t_gus = UploadPointers(gus_slot), t_dns = UploadPointers(dns_slot);
     auto dx = Upload(x), dw = Upload(wts);
-    auto dids = gpu_->Allocate(ids.size() * 4), dslots = gpu_->Allocate(E * 4);
-    gpu_->CopyToDevice(ids.data(), ids.size() * 4, dids->data());
-    gpu_->CopyToDevice(slots.data(), E * 4, dslots->data());
+    auto dids = UploadInts(ids), dslots = UploadInts(slots);
     auto out = Poisoned(T * H);
     RoutedExpertsArgs a;
     a.num_tokens = T;

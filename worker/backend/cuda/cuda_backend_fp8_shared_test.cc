@@ -38,6 +38,7 @@ using testing::CudaBackendTest;
 using testing::Fp8Matrix;
 using testing::QuantisedActivations;
 using testing::RandomFp8Matrix;
+using testing::RandomTopK;
 
 // An MLP of intermediate size inter on the host: gate_up [2 inter, H] (gate rows, then up rows),
 // down [H, inter], row-major dequantised values.
@@ -152,31 +153,14 @@ class CudaFp8SharedSwapTest : public CudaBackendTest {
     // the routed experts' stride.
     const Fp8Matrix shared_gu = RandomFp8(2 * SI, H, SI, kernels::Fp8ScaleLd(H) + 4, &gen);
     const Fp8Matrix shared_dn = RandomFp8(H, SI, 0, kernels::Fp8ScaleLd(SI) + 4, &gen);
-    auto table = [&](const std::vector<const void*>& v) {
-      auto b = gpu_->Allocate(v.size() * sizeof(void*));
-      gpu_->CopyToDevice(v.data(), v.size() * sizeof(void*), b->data());
-      return b;
-    };
-    auto t_gu = table(gu_slot), t_dn = table(dn_slot), t_gus = table(gus_slot),
-         t_dns = table(dns_slot);
+    auto t_gu = UploadPointers(gu_slot), t_dn = UploadPointers(dn_slot),
+         t_gus = UploadPointers(gus_slot), t_dns = UploadPointers(dns_slot);
     const std::vector<float> x = testing::RandomFloats(T * H, seed);
     std::vector<int32_t> ids(T * K);
     std::vector<float> wts(T * K);
-    std::uniform_real_distribution<float> uw(0.1f, 1.0f);
-    for (int32_t t = 0; t < T; ++t) {
-      std::vector<int32_t> all(E);
-      for (int32_t e = 0; e < E; ++e) all[e] = e;
-      std::shuffle(all.begin(), all.end(), gen);
-      std::sort(all.begin(), all.begin() + K);
-      for (int64_t k = 0; k < K; ++k) {
-        ids[t * K + k] = all[k];
-        wts[t * K + k] = uw(gen);
-      }
-    }
+    RandomTopK(T, K, E, &gen, &ids, &wts);
     auto dx = Upload(x), dw = Upload(wts);
-    auto dids = gpu_->Allocate(ids.size() * 4), dslots = gpu_->Allocate(E * 4);
-    gpu_->CopyToDevice(ids.data(), ids.size() * 4, dids->data());
-    gpu_->CopyToDevice(slots.data(), E * 4, dslots->data());
+    auto dids = UploadInts(ids), dslots = UploadInts(slots);
     auto out = Poisoned(T * H);
     RoutedExpertsArgs a;
     a.num_tokens = T;

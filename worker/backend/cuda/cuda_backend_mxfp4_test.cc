@@ -34,6 +34,7 @@ namespace {
 
 using testing::CallsOf;
 using testing::CudaBackendTest;
+using testing::RandomTopK;
 
 constexpr double kE2m1[16] = {0.0,  0.5,  1.0,  1.5,  2.0,  3.0,  4.0,  6.0,
                               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0};
@@ -108,33 +109,16 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
       gu_scale.push_back(gu.back().scales->data());
       dn_scale.push_back(dn.back().scales->data());
     }
-    auto table = [&](const std::vector<const void*>& v) {
-      auto b = gpu_->Allocate(v.size() * sizeof(void*));
-      gpu_->CopyToDevice(v.data(), v.size() * sizeof(void*), b->data());
-      return b;
-    };
-    auto t_gu = table(gu_ptr), t_dn = table(dn_ptr), t_gus = table(gu_scale),
-         t_dns = table(dn_scale);
+    auto t_gu = UploadPointers(gu_ptr), t_dn = UploadPointers(dn_ptr),
+         t_gus = UploadPointers(gu_scale), t_dns = UploadPointers(dn_scale);
     std::vector<float> x = testing::RandomFloats(T * H, seed);
     std::vector<int32_t> ids(T * K);
     std::vector<float> wts(T * K);
-    std::uniform_real_distribution<float> uw(0.1f, 1.0f);
-    for (int64_t t = 0; t < T; ++t) {
-      std::vector<int32_t> all(E);
-      for (int32_t e = 0; e < E; ++e) all[e] = e;
-      std::shuffle(all.begin(), all.end(), gen);
-      std::sort(all.begin(), all.begin() + K);
-      for (int64_t k = 0; k < K; ++k) {
-        ids[t * K + k] = all[k];
-        wts[t * K + k] = uw(gen);
-      }
-    }
+    RandomTopK(T, K, E, &gen, &ids, &wts);
     std::vector<int32_t> slots(E);
     for (int32_t e = 0; e < E; ++e) slots[e] = e;
     auto dx = Upload(x), dw = Upload(wts);
-    auto dids = gpu_->Allocate(ids.size() * 4), dslots = gpu_->Allocate(E * 4);
-    gpu_->CopyToDevice(ids.data(), ids.size() * 4, dids->data());
-    gpu_->CopyToDevice(slots.data(), E * 4, dslots->data());
+    auto dids = UploadInts(ids), dslots = UploadInts(slots);
     auto out = Poisoned(T * H);
     RoutedExpertsArgs a;
     a.num_tokens = static_cast<int32_t>(T);

@@ -4,10 +4,12 @@
 #ifndef DEEPINFER_WORKER_BACKEND_CUDA_CUDA_BACKEND_TEST_FIXTURE_H_
 #define DEEPINFER_WORKER_BACKEND_CUDA_CUDA_BACKEND_TEST_FIXTURE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -38,6 +40,26 @@ inline int64_t CallsOf(const std::string& report, const std::string& op) {
   return -1;
 }
 
+// A random top-k routing of T tokens over E experts: token t's K distinct experts in ascending
+// order (one shuffle of all E a token) and a weight each, uniform in [0.1, 1), drawn from gen in
+// that order.
+inline void RandomTopK(int64_t T, int64_t K, int64_t E, std::mt19937* gen,
+                       std::vector<int32_t>* ids, std::vector<float>* wts) {
+  ids->assign(T * K, 0);
+  wts->assign(T * K, 0.0f);
+  std::uniform_real_distribution<float> uw(0.1f, 1.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> all(E);
+    for (int64_t e = 0; e < E; ++e) all[e] = static_cast<int32_t>(e);
+    std::shuffle(all.begin(), all.end(), *gen);
+    std::sort(all.begin(), all.begin() + K);
+    for (int64_t k = 0; k < K; ++k) {
+      (*ids)[t * K + k] = all[k];
+      (*wts)[t * K + k] = uw(*gen);
+    }
+  }
+}
+
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -50,6 +72,17 @@ class CudaBackendTest : public ::testing::Test {
   std::unique_ptr<DeviceBuffer> Upload(const std::vector<float>& v) {
     auto buf = gpu_->Allocate(v.size() * sizeof(float));
     gpu_->CopyToDevice(v.data(), v.size() * sizeof(float), buf->data());
+    return buf;
+  }
+  std::unique_ptr<DeviceBuffer> UploadInts(const std::vector<int32_t>& v) {
+    auto buf = gpu_->Allocate(v.size() * sizeof(int32_t));
+    gpu_->CopyToDevice(v.data(), v.size() * sizeof(int32_t), buf->data());
+    return buf;
+  }
+  // Device array of host-held device pointers (an expert table).
+  std::unique_ptr<DeviceBuffer> UploadPointers(const std::vector<const void*>& v) {
+    auto buf = gpu_->Allocate(v.size() * sizeof(void*));
+    gpu_->CopyToDevice(v.data(), v.size() * sizeof(void*), buf->data());
     return buf;
   }
   std::vector<float> Download(const DeviceBuffer& buf) {
