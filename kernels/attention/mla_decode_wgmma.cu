@@ -398,7 +398,6 @@ bool MlaWgmmaRuns(int device) {
                                          static_cast<int>(kSmemBytes));
     runs = f.error == cudaSuccess && static_cast<size_t>(f.max_smem) >= kSmemBytes;
   }
-  cudaGetLastError();
   cache->emplace(device, runs);
   return runs;
 }
