@@ -5,6 +5,10 @@
 //   mla_decode_mma.cuh       MlaBf16MmaKernel (tensor cores, mma_variant 4)
 //   mla_decode_key_split.cuh MlaBf16KeySplitKernel (tensor cores, mma_variant 9)
 //   mla_split_combine.cuh    MlaCombineKernel / MlaCombineWideKernel
+// and, in its own sm_90a translation unit, mla_decode_wgmma.cu: the 64-head wgmma kernel
+// (mma_variant 10, the default where it applies: num_heads a multiple of 64, latent 512 +
+// rope 64, bf16 cache, compute capability 9.0; one block per 64 heads reads a token's context
+// once for those heads, see that file).
 // (WriteLatentCacheF32 is mla_cache_write.cu.)
 //
 // MlaAttentionF32: one block per (token, context split, group of kGroupHeads = 16 heads), so a
@@ -65,6 +69,7 @@
 #include "kernels/attention/mla_decode_grouped.cuh"
 #include "kernels/attention/mla_decode_key_split.cuh"
 #include "kernels/attention/mla_decode_mma.cuh"
+#include "kernels/attention/mla_decode_wgmma.h"
 #include "kernels/attention/mla_split_combine.cuh"
 #include "kernels/common/kernel_facts.h"
 
@@ -163,6 +168,7 @@ struct GroupedPlan {
   size_t smem = 0;
   bool mma = false;
   bool key_split = false;  // MlaBf16KeySplitKernel (Q and P rounded to bf16)
+  bool wgmma = false;      // the 64-head wgmma kernel (LaunchMlaWgmma; Q and P rounded to bf16)
   int cluster = 0;         // the cluster merge: blocks per cluster (= splits), else 0
   int num_groups = 0;
   int num_splits = 0;
@@ -170,12 +176,14 @@ struct GroupedPlan {
 };
 
 // MlaAttentionParams::mma_variant of the kernels (numbers kept from when more variants existed:
-// users pass them): MlaBf16MmaKernel (4) and the key-split kernel (9: with the cluster merge
-// where the split count allows it).
+// users pass them): MlaBf16MmaKernel (4), the key-split kernel (9: with the cluster merge
+// where the split count allows it) and the 64-head wgmma kernel (10).
 constexpr int kMmaVariant = 4;
 constexpr int kKeySplitVariant = 9;
-static_assert(kKeySplitVariant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
-static_assert(MlaMmaVariantIsValid(kMmaVariant) && MlaMmaVariantIsValid(kKeySplitVariant),
+constexpr int kWgmmaVariant = 10;
+static_assert(kWgmmaVariant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+static_assert(MlaMmaVariantIsValid(kMmaVariant) && MlaMmaVariantIsValid(kKeySplitVariant) &&
+                  MlaMmaVariantIsValid(kWgmmaVariant),
               "mla_attention.h lists the variants");
 
 constexpr GroupedKernelFn kKeySplitKernel = MlaBf16KeySplitKernel<false>;
@@ -238,6 +246,20 @@ bool KeySplitFits(const MlaAttentionParams& p, int max_smem) {
          kSplitSmemBytes <= static_cast<size_t>(max_smem);
 }
 
+// True when the 64-head wgmma kernel takes these params on `device`.
+bool WgmmaFits(const MlaAttentionParams& p, int device) {
+  return IsBf16(p) && p.cache.latent_dim == kMlaWgmmaLatent && p.cache.rope_dim == kMlaWgmmaRope &&
+         p.num_heads % kMlaWgmmaHeads == 0 &&
+         reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 && MlaWgmmaRuns(device);
+}
+
+// The workspace of num_splits partials (none for one split).
+size_t SplitWorkspaceBytes(const MlaAttentionParams& p, int num_splits) {
+  return num_splits == 1 ? 0
+                         : static_cast<size_t>(p.num_tokens) * p.num_heads * num_splits *
+                               (static_cast<size_t>(p.cache.latent_dim) + 2) * sizeof(float);
+}
+
 cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (p.cache.latent_dim <= 0 || p.cache.latent_dim > kMaxMlaLatentDim || p.cache.rope_dim < 0 ||
       p.num_splits < 0 || p.num_splits > kMaxMlaSplits || !MlaMmaVariantIsValid(p.mma_variant) ||
@@ -249,8 +271,29 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
   const int dim = p.cache.latent_dim + p.cache.rope_dim;
+  if ((p.mma_variant == 0 || p.mma_variant == kWgmmaVariant) && WgmmaFits(p, device)) {
+    // One block per (token, split, 64 heads), one block per SM: split until the blocks
+    // cover the SMs (rounding down, as below).
+    plan->wgmma = true;
+    plan->mma = true;
+    plan->threads = 0;  // LaunchMlaWgmma's own
+    plan->num_groups = p.num_heads / kMlaWgmmaHeads;
+    plan->num_splits = p.num_splits;
+    if (plan->num_splits == 0) {
+      int sms = 0;
+      e = CurrentDeviceSms(&sms);
+      if (e != cudaSuccess) return e;
+      const int64_t blocks = static_cast<int64_t>(p.num_tokens) * plan->num_groups;
+      const int64_t want = blocks >= sms ? 1 : sms / blocks;
+      plan->num_splits = static_cast<int>(want < kMaxMlaSplits ? want : kMaxMlaSplits);
+    }
+    plan->workspace_bytes = SplitWorkspaceBytes(p, plan->num_splits);
+    return cudaSuccess;
+  }
   plan->num_groups = (p.num_heads + kGroupHeads - 1) / kGroupHeads;
-  int variant = p.mma_variant == 0 ? kDefaultMmaVariant : p.mma_variant;
+  // Variant 10 where its kernel does not take the params: the default's choice.
+  int variant = p.mma_variant == 0 || p.mma_variant == kWgmmaVariant ? kDefaultMmaVariant
+                                                                      : p.mma_variant;
   const bool key_split = variant == kKeySplitVariant;
   GroupedKernelFn mma_kernel = key_split ? kKeySplitKernel : MmaKernelFor(p.cache.latent_dim);
   if (key_split) {
@@ -306,10 +349,7 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
       return cudaSuccess;
     }
   }
-  plan->workspace_bytes = plan->num_splits == 1
-                              ? 0
-                              : static_cast<size_t>(p.num_tokens) * p.num_heads * plan->num_splits *
-                                    (static_cast<size_t>(p.cache.latent_dim) + 2) * sizeof(float);
+  plan->workspace_bytes = SplitWorkspaceBytes(p, plan->num_splits);
   return cudaSuccess;
 }
 
@@ -318,6 +358,7 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
 const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
   GroupedPlan plan;
   if (PlanGrouped(params, &plan) != cudaSuccess) return "invalid";
+  if (plan.wgmma) return "wgmma_bf16_64_heads";
   if (plan.cluster > 0) return "mma_bf16_key_split_cluster";
   if (plan.key_split) return "mma_bf16_key_split";
   if (plan.mma) return "mma_bf16";
@@ -326,7 +367,7 @@ const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
 
 bool MlaAttentionBf16Operands(const MlaAttentionParams& params) {
   GroupedPlan plan;
-  return PlanGrouped(params, &plan) == cudaSuccess && plan.key_split;
+  return PlanGrouped(params, &plan) == cudaSuccess && (plan.key_split || plan.wgmma);
 }
 
 cudaError_t MlaAttentionWorkspaceBytes(const MlaAttentionParams& params, size_t* bytes) {
@@ -384,9 +425,13 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
     return cudaLaunchKernelEx(&c, plan.kernel, params, plan.num_groups, plan.num_splits, vec_loads,
                               static_cast<float*>(nullptr), static_cast<float*>(nullptr));
   }
-  plan.kernel<<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(
-      params, plan.num_groups, plan.num_splits, vec_loads, ws_out, ws_ml);
-  e = cudaGetLastError();
+  if (plan.wgmma) {
+    e = LaunchMlaWgmma(params, plan.num_groups, plan.num_splits, ws_out, ws_ml, stream);
+  } else {
+    plan.kernel<<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(
+        params, plan.num_groups, plan.num_splits, vec_loads, ws_out, ws_ml);
+    e = cudaGetLastError();
+  }
   const int64_t token_heads = static_cast<int64_t>(params.num_tokens) * params.num_heads;
   if (e == cudaSuccess && plan.num_splits >= kWideCombineMinSplits) {
     const dim3 grid(

@@ -83,8 +83,12 @@ struct MlaAttentionParams {
   // (token, head group) run as one thread-block cluster that merges in distributed shared memory
   // (no workspace, no combine kernel; other split counts, or a device without clusters, write
   // the workspace); 9 takes latent 512 + rope 64 only, other shapes run 4; mla_attention.cu.
-  // 0 = the default: 9, else 4 for shapes 9 does not take (the fastest measured on the H200,
-  // docs/cuda/bf16-and-kv-cache.md). Tests and the benchmark set it.
+  // 10: the 64-head wgmma kernel (Hopper sm_90a; mla_decode_wgmma.cu): one block of two
+  // warpgroups per (token, context split, group of 64 heads), 64-key tiles, bf16 Q and P as 9;
+  // it takes num_heads a multiple of 64, latent 512 + rope 64, a 16-byte aligned cache, on a
+  // compute capability 9.0 device; other params given 10 run the default's choice.
+  // 0 = the default: 10 where it takes the params, else 9, else 4 for shapes 9 does not take
+  // (docs/kernels/attention.md). Tests and the benchmark set it.
   int32_t mma_variant = 0;
 };
 
@@ -101,15 +105,15 @@ cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_
 // The largest num_splits MlaAttentionF32 accepts.
 constexpr int32_t kMaxMlaSplits = 64;
 // The largest MlaAttentionParams::mma_variant.
-constexpr int32_t kMaxMlaMmaVariant = 9;
+constexpr int32_t kMaxMlaMmaVariant = 10;
 // Whether MlaAttentionF32 accepts `variant` as MlaAttentionParams::mma_variant: 0 (the default),
-// 4 or 9 (kMlaMmaVariantList; the numbers of removed variants are rejected, the others keep
+// 4, 9 or 10 (kMlaMmaVariantList; the numbers of removed variants are rejected, the others keep
 // their meaning).
 constexpr bool MlaMmaVariantIsValid(int32_t variant) {
-  return variant == 0 || variant == 4 || variant == kMaxMlaMmaVariant;
+  return variant == 0 || variant == 4 || variant == 9 || variant == kMaxMlaMmaVariant;
 }
 // The valid values, for error messages.
-constexpr char kMlaMmaVariantList[] = "0, 4, 9";
+constexpr char kMlaMmaVariantList[] = "0, 4, 9, 10";
 // Variant 9 merges its splits in a thread-block cluster at 2 to this many splits (clusters of 4
 // measured slower than the workspace + combine on the H200, docs/cuda/bf16-and-kv-cache.md); other
 // split counts write the workspace.
@@ -126,12 +130,13 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
 // cache, latent_dim <= 512, latent_dim + rope_dim <= 640, a GPU with bf16 tensor cores),
 // "mma_bf16_key_split" (the same, variant 9's kernel: latent 512 + rope 64, a 16-byte
 // aligned cache), "mma_bf16_key_split_cluster" (variant 9 with its cluster merge: 2-3 splits,
-// sm_90, a 16-byte aligned out_latent), "grouped_bf16" (other bf16 shapes: CUDA cores, keys
+// sm_90, a 16-byte aligned out_latent), "wgmma_bf16_64_heads" (variant 10's kernel: 64 heads a
+// block, sm_90a), "grouped_bf16" (other bf16 shapes: CUDA cores, keys
 // widened to fp32 in shared memory), "grouped_f32", or "invalid". For tests and the benchmark.
 const char* MlaAttentionKernelName(const MlaAttentionParams& params);
 
 // True when MlaAttentionF32 runs these params with Q and P rounded to bf16 (variant 9's
-// key-split kernel; false for invalid params): its results then match a reference over Q
+// key-split kernel or variant 10's wgmma kernel; false for invalid params): its results then match a reference over Q
 // rounded to bf16 to within P's rounding, 2^-9 * max |latent| per output element (tests).
 bool MlaAttentionBf16Operands(const MlaAttentionParams& params);
 

@@ -5,7 +5,9 @@
 // case the median of 20 timed runs (CUDA events, after 3 warm-ups), the achieved bandwidth on the
 // distinct cache bytes the batch reads at the cache's element size (and its share of 4.3 TB/s), the
 // FMA rate, and the largest differences between the kernels' outputs. Decode cases also sweep
-// forced split counts.
+// forced split counts. DeepSeek-V3's 128 heads (1, 64 and 128 requests x 1024) compare the 64-head
+// wgmma kernel (mma v10, "wg graph" in a CUDA graph) with the key-split kernel (mma v9); TFLOP/s
+// = 2 x the TFMA/s column.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -30,7 +32,15 @@ using bench::Upload;
 
 constexpr int32_t kLatent = 512, kRope = 64, kBlockSize = 16;
 // The tensor-core kernel's variants (kernels::MlaAttentionParams::mma_variant, 0 aside).
-constexpr int kMmaVariants[] = {4, 9};
+// 10 (the 64-head wgmma kernel) runs only where heads are a multiple of 64 (on sm_90a): elsewhere
+// its rows are skipped (they would time the default's kernel again).
+constexpr int kMmaVariants[] = {4, 9, 10};
+
+// Whether params given mma_variant 10 would run another kernel than the wgmma one.
+bool WgmmaSkipped(const kernels::MlaAttentionParams& p) {
+  return p.mma_variant == 10 &&
+         std::string(kernels::MlaAttentionKernelName(p)) != "wgmma_bf16_64_heads";
+}
 
 struct Batch {
   const char* name;
@@ -146,6 +156,7 @@ void Run(const Batch& batch) {
   for (int variant : kMmaVariants) {
     kernels::MlaAttentionParams pv = pb;
     pv.mma_variant = variant;
+    if (WgmmaSkipped(pv)) continue;
     size_t ws_v = 0;
     BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(pv, &ws_v));
     if (ws_v > pv.workspace_bytes) continue;
@@ -166,7 +177,7 @@ void Run(const Batch& batch) {
     // (few tokens: fewer splits than the automatic 64).
     std::vector<std::pair<int, int>> runs;
     for (int variant : kMmaVariants) runs.emplace_back(variant, 0);
-    for (int variant : {9}) {
+    for (int variant : {9, 10}) {
       for (int splits :
            tokens < 16 ? std::vector<int>{4, 8, 16, 32} : std::vector<int>{1, 2, 3, 4}) {
         runs.emplace_back(variant, splits);
@@ -176,6 +187,7 @@ void Run(const Batch& batch) {
       kernels::MlaAttentionParams pv = pb;
       pv.mma_variant = variant;
       pv.num_splits = splits;
+      if (WgmmaSkipped(pv)) continue;
       size_t ws_v = 0;
       BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(pv, &ws_v));
       if (ws_v > pv.workspace_bytes) continue;
@@ -207,8 +219,10 @@ void Run(const Batch& batch) {
         BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(unmerged, &ws_unmerged));
         shown_splits = splits_of(ws_unmerged);
       }
-      const std::string name =
-          "mma v" + std::to_string(variant) + (cluster ? " cl graph" : " graph");
+      const bool wgmma =
+          std::string(kernels::MlaAttentionKernelName(pv)) == "wgmma_bf16_64_heads";
+      const std::string name = "mma v" + std::to_string(variant) +
+                               (cluster ? " cl graph" : wgmma ? " wg graph" : " graph");
       report(name.c_str(), 2, shown_splits, total / (kGraphCalls * kGraphReplays));
       BENCH_CUDA(cudaEventDestroy(e0));
       BENCH_CUDA(cudaEventDestroy(e1));
@@ -237,6 +251,7 @@ void Run(const Batch& batch) {
         kernels::MlaAttentionParams pv = pb;
         pv.num_splits = splits;
         pv.mma_variant = variant;
+        if (WgmmaSkipped(pv)) continue;
         const std::string name = "mma v" + std::to_string(variant);
         report(name.c_str(), 2, splits,
                MedianMs([&] { return kernels::MlaAttentionF32(pv, nullptr); }));
@@ -275,7 +290,9 @@ int main(int argc, char** argv) {
            deepinfer::Batch{"decode 128 x ctx1024 h16", 128, 1024, 16, false},
            deepinfer::Batch{"decode 256 x ctx1024 h16", 256, 1024, 16, false},
            deepinfer::Batch{"decode 128 x ctx4096 h16", 128, 4096, 16, false},
+           deepinfer::Batch{"decode 1 x ctx1024 h128", 1, 1024, 128, false},
            deepinfer::Batch{"decode 64 x ctx1024 h128", 64, 1024, 128, false},
+           deepinfer::Batch{"decode 128 x ctx1024 h128", 128, 1024, 128, false},
            deepinfer::Batch{"prefill 8 x 1024 h16", 8, 1024, 16, true},
        }) {
     if (std::string(b.name).find(only) == std::string::npos) continue;

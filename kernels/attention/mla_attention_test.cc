@@ -7,7 +7,10 @@
 // and 9, the key-split kernel: its shared block-table copy and, past 256 blocks per split, its
 // global fallback); every case with an fp32 and with a bf16 cache (the CPU reference reads the same
 // bf16 values). Variant 9 (bf16 Q and P, merging its splits in a thread-block cluster) against a
-// reference over Q rounded to bf16, within P's rounding bound.
+// reference over Q rounded to bf16, within P's rounding bound. The 64-head wgmma kernel (variant
+// 10, the default for multiples of 64 heads on compute capability 9.0) the same way, at 64 and
+// 128 heads: 1, 3, 64 and 128 decode tokens, contexts of 1, 17, 64, 1000, 1024 and 4100 keys,
+// blocks of 16 and 64 keys, automatic and forced split counts (Wgmma64Heads cases).
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
@@ -206,10 +209,20 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   p.out_latent = dout.get();
   p.num_splits = s.num_splits;
   const std::string kernel = kernels::MlaAttentionKernelName(p);
+  int device = 0, cc_major = 0, cc_minor = 0;
+  DEEPINFER_CUDA_OK(cudaGetDevice(&device));
+  DEEPINFER_CUDA_OK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  DEEPINFER_CUDA_OK(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, device));
+  // The 64-head wgmma kernel's domain (variants 0 and 10): bf16 latent 512 + rope 64, heads a
+  // multiple of 64, compute capability 9.0 (its sm_90a image).
+  const bool wgmma_runs =
+      bf16 && key_split_shape && s.heads % 64 == 0 && cc_major == 9 && cc_minor == 0;
   // The tensor-core kernel must be the one tested wherever its shape limits allow it; by
-  // default the key-split one for latent 512 + rope 64 (variant 9: with the cluster merge at
-  // 2-3 splits).
-  if (bf16 && key_split_shape) {
+  // default the wgmma one for multiples of 64 heads, else the key-split one for latent 512 +
+  // rope 64 (variant 9: with the cluster merge at 2-3 splits).
+  if (wgmma_runs) {
+    EXPECT_EQ(kernel, "wgmma_bf16_64_heads");
+  } else if (bf16 && key_split_shape) {
     EXPECT_TRUE(kernel == "mma_bf16_key_split" || kernel == "mma_bf16_key_split_cluster") << kernel;
   } else if (bf16) {
     EXPECT_EQ(kernel, s.latent <= 512 && (s.latent + s.rope + 15) / 16 * 16 <= 640
@@ -229,15 +242,13 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   if (bf16 && key_split_shape) {
     kernels::MlaAttentionParams unmerged = p;
     unmerged.out_latent = dout.get() + 1;
+    unmerged.mma_variant = 9;
     size_t bytes = 0;
     DEEPINFER_CUDA_OK(kernels::MlaAttentionWorkspaceBytes(unmerged, &bytes));
     splits = bytes == 0 ? 1
                         : static_cast<int>(bytes / (static_cast<size_t>(tokens) * s.heads *
                                                     (s.latent + 2) * sizeof(float)));
   }
-  int device = 0, cc_major = 0;
-  DEEPINFER_CUDA_OK(cudaGetDevice(&device));
-  DEEPINFER_CUDA_OK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
   // The reference and tolerances of the variant p.mma_variant runs.
   auto reference = [&]() -> std::tuple<const std::vector<float>*, double, double> {
     if (kernels::MlaAttentionBf16Operands(p)) {
@@ -250,12 +261,14 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
     if (!kernels::MlaMmaVariantIsValid(variant)) continue;  // numbers of removed variants
     SCOPED_TRACE(::testing::Message() << "MlaAttentionF32, mma_variant " << variant);
     p.mma_variant = variant;
-    if (bf16 && variant != 4) {  // the key-split kernel; other shapes run variant 4
+    if (bf16 && variant != 4) {  // wgmma or key-split kernel; other shapes run variant 4
       const bool cluster =
           splits >= 2 && splits <= kernels::kMlaClusterMergeMaxSplits && cc_major >= 9;
-      EXPECT_STREQ(kernels::MlaAttentionKernelName(p), !key_split_shape ? kernel.c_str()
-                                                       : cluster ? "mma_bf16_key_split_cluster"
-                                                                 : "mma_bf16_key_split");
+      EXPECT_STREQ(kernels::MlaAttentionKernelName(p),
+                   !key_split_shape                ? kernel.c_str()
+                   : variant != 9 && wgmma_runs    ? "wgmma_bf16_64_heads"
+                   : cluster                       ? "mma_bf16_key_split_cluster"
+                                                   : "mma_bf16_key_split");
       EXPECT_EQ(kernels::MlaAttentionBf16Operands(p), key_split_shape);
     }
     const auto [ref, v_atol, v_rtol] = reference();
@@ -353,6 +366,44 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<1>(info.param) == kernels::LatentCacheType::kBFloat16 ? "_bf16" : "_fp32");
     });
 
+// The 64-head wgmma kernel's cases (bf16 cache only; DeepSeek-V3's latent 512 + rope 64, 64 or 128
+// heads), decode tokens seeing their whole sequence: contexts of 1 (one key: the tile's other
+// 63 rows zeroed), 17 and 64 (one tile, partial and whole), 1000, 1024 and 4100 (many tiles, the
+// last partial; several splits), blocks of 16 and 64 keys, automatic and forced splits (1, 2, 5,
+// and 64: more splits than tiles, so empty splits).
+std::vector<Case> WgmmaCases() {
+  std::vector<Case> c;
+  for (int32_t heads : {64, 128}) {
+    const std::string h = std::to_string(heads) + "_heads_";
+    c.push_back({h + "1_token_ctx_1", heads, 512, 64, 128, 16, {1}, true});
+    c.push_back({h + "1_token_ctx_17_block_64", heads, 512, 64, 128, 64, {17}, true});
+    c.push_back({h + "1_token_ctx_64_split_1", heads, 512, 64, 128, 16, {64}, true, 1});
+    c.push_back({h + "1_token_ctx_4100", heads, 512, 64, 128, 16, {4100}, true});
+    c.push_back({h + "1_token_ctx_1000_split_64", heads, 512, 64, 128, 64, {1000}, true, 64});
+    c.push_back({h + "3_tokens_block_64", heads, 512, 64, 128, 64, {1, 1000, 4100}, true});
+    c.push_back({h + "3_tokens_split_5", heads, 512, 64, 128, 16, {17, 1024, 4100}, true, 5});
+    std::vector<int32_t> mixed64 = {1, 17, 63, 64, 65, 1000, 1023, 1024, 1025};
+    for (int32_t i = 0; static_cast<int32_t>(mixed64.size()) < 64; ++i) {
+      mixed64.push_back(1 + (i * 131) % 1100);
+    }
+    c.push_back({h + "64_tokens_mixed", heads, 512, 64, 128, 16, mixed64, true});
+    c.push_back({h + "64_tokens_split_2_block_64", heads, 512, 64, 128, 64, mixed64, true, 2});
+    c.push_back({h + "128_tokens_ctx_1024", heads, 512, 64, 128, 64,
+                 std::vector<int32_t>(128, 1024), true});
+  }
+  // A prefill + decode mix (every position of 1, 21 and 300 keys queries: causal contexts).
+  c.push_back({"128_heads_prefill_mix", 128, 512, 64, 128, 16, {1, 21, 300}});
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Wgmma64Heads, MlaAttentionKernelTest,
+    ::testing::Combine(::testing::ValuesIn(WgmmaCases()),
+                       ::testing::Values(kernels::LatentCacheType::kBFloat16)),
+    [](const ::testing::TestParamInfo<std::tuple<Case, kernels::LatentCacheType>>& info) {
+      return std::get<0>(info.param).name + "_bf16";
+    });
+
 TEST(MlaAttentionKernelLimitsTest, RejectsTooWideLatent) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   kernels::MlaAttentionParams p;
@@ -365,10 +416,10 @@ TEST(MlaAttentionKernelLimitsTest, RejectsTooWideLatent) {
 TEST(MlaAttentionKernelLimitsTest, ValidMmaVariants) {
   // The kept numbers keep their meaning; the removed variants' numbers are not reused.
   for (int32_t v = -2; v <= kernels::kMaxMlaMmaVariant + 2; ++v) {
-    const bool kept = v == 0 || v == 4 || v == 9;
+    const bool kept = v == 0 || v == 4 || v == 9 || v == 10;
     EXPECT_EQ(kernels::MlaMmaVariantIsValid(v), kept) << "variant " << v;
   }
-  EXPECT_STREQ(kernels::kMlaMmaVariantList, "0, 4, 9");
+  EXPECT_STREQ(kernels::kMlaMmaVariantList, "0, 4, 9, 10");
 }
 
 TEST(MlaAttentionKernelLimitsTest, RejectsUnknownMmaVariant) {
