@@ -123,10 +123,35 @@ __device__ __forceinline__ void Load16(const Fp8QuantizeParams& p, int64_t row, 
   }
 }
 
+// x / s rounded to nearest even, as __fdiv_rn(x, s), from r = 1 / s rounded to nearest even: the
+// quotient x * r corrected twice by its exact residual (an FMA). Markstein's theorem: a quotient
+// within 1 ulp corrected with the correctly rounded reciprocal is the correctly rounded quotient;
+// the first correction brings x * r (within 1.5 ulp) within 1 ulp. Exact residuals need no
+// underflow: callers keep s in [kFastScaleMin, kFastScaleMax], where every quotient e4m3 can tell
+// apart from zero (|x / s| >= 2^-11) has normal operands and residuals. A zero x keeps its sign.
+constexpr float kFastScaleMin = 0x1p-80f, kFastScaleMax = 0x1p100f;
+
+__device__ __forceinline__ float DivideByScale(float x, float s, float r) {
+  float q = __fmul_rn(x, r);
+  q = __fmaf_rn(__fmaf_rn(-s, q, x), r, q);
+  q = __fmaf_rn(__fmaf_rn(-s, q, x), r, q);
+  return x == 0.0f ? x : q;
+}
+
+__device__ __forceinline__ uint32_t PackE4m3x4(float a, float b, float c, float d) {
+  const __nv_fp8x2_storage_t lo =
+      __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const __nv_fp8x2_storage_t hi =
+      __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
 // The eight lanes' 128-wide block (sixteen values a lane; the lanes of a block are 8-aligned in
 // the warp, every lane of the warp calls it): its scale (1 for a padding row) and the lane's
-// sixteen e4m3 bytes (zeros for a padding row).
-__device__ __forceinline__ float QuantizeBlock(const float x[kValues], bool real, uint4* packed) {
+// sixteen e4m3 bytes (zeros for a padding row). The sixteen divisions by the scale share one
+// reciprocal (DivideByScale) unless the scale is outside its range (an all-zero or tiny block:
+// IEEE divisions, the same quotients).
+__device__ __forceinline__ float QuantizeBlock(float x[kValues], bool real, uint4* packed) {
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kValues; ++i) amax = fmaxf(amax, fabsf(x[i]));
@@ -135,16 +160,16 @@ __device__ __forceinline__ float QuantizeBlock(const float x[kValues], bool real
   const float s = real ? fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN) : 1.0f;
   uint32_t w[4] = {0, 0, 0, 0};
   if (real) {
+    if (s >= kFastScaleMin && s <= kFastScaleMax) {
+      const float r = __frcp_rn(s);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __nv_fp8x2_storage_t lo =
-          __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(x[4 * i], s), __fdiv_rn(x[4 * i + 1], s)),
-                                   __NV_SATFINITE, __NV_E4M3);
-      const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
-          make_float2(__fdiv_rn(x[4 * i + 2], s), __fdiv_rn(x[4 * i + 3], s)), __NV_SATFINITE,
-          __NV_E4M3);
-      w[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+      for (int i = 0; i < kValues; ++i) x[i] = DivideByScale(x[i], s, r);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kValues; ++i) x[i] = __fdiv_rn(x[i], s);
     }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = PackE4m3x4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
   }
   *packed = make_uint4(w[0], w[1], w[2], w[3]);
   return s;
