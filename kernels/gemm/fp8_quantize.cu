@@ -1,10 +1,12 @@
 // Activation quantisation to e4m3 per 128-wide block: see fp8_quantize.h. One warp per row (a
 // source row when scattered), four 128-wide blocks an iteration, eight lanes a block, sixteen
-// contiguous values a lane: 16-byte loads of a (four for fp32, two for bf16, four or eight for
-// SwiGLU's bf16 or fp32 gate and up) and one 16-byte store of e4m3 bytes per lane and destination
-// row. A row's group (its scales' place) is looked up once per warp, a scattered row's
-// destinations too (lane j holds destination j). Fewer rows than kTargetWarps (decode): each
-// row's iterations split over up to that many warps, so a few long rows still fill the GPU.
+// contiguous values a lane: 16-byte read-only streaming loads of a (not kept in L1; four for
+// fp32, two for bf16, four or eight for SwiGLU's bf16 or fp32 gate and up) and one 16-byte store
+// of e4m3 bytes per lane and destination row. A block's sixteen divisions by its scale share one
+// reciprocal (DivideByScale). A row's group (its scales' place) is looked up once per warp, a
+// scattered row's destinations too (lane j holds destination j). Fewer rows than kTargetWarps
+// (decode): each row's iterations split over up to that many warps, so a few long rows still
+// fill the GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <cfloat>
 
+#include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/fp8_quantize.h"
 
 namespace deepinfer {
@@ -74,7 +77,7 @@ __device__ __forceinline__ void LoadF32x16(const float* r, float x[kValues]) {
   const float4* r4 = reinterpret_cast<const float4*>(r);
   float4 v[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = r4[i];
+  for (int i = 0; i < 4; ++i) v[i] = LoadStreamingFloat4(r4 + i);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     x[4 * i] = v[i].x;
@@ -100,7 +103,8 @@ __device__ __forceinline__ void Load16(const Fp8QuantizeParams& p, int64_t row, 
         reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) + row * p.lda + col);
     const uint4* u =
         reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) + row * p.lda + p.k + col);
-    const uint4 g0 = g[0], g1 = g[1], u0 = u[0], u1 = u[1];
+    const uint4 g0 = LoadStreaming16(g), g1 = LoadStreaming16(g + 1);
+    const uint4 u0 = LoadStreaming16(u), u1 = LoadStreaming16(u + 1);
     float gf[kValues], uf[kValues];
     Widen8(g0, gf);
     Widen8(g1, gf + 8);
@@ -111,7 +115,7 @@ __device__ __forceinline__ void Load16(const Fp8QuantizeParams& p, int64_t row, 
   } else if constexpr (kSource == Source::kBf16) {
     const uint4* r =
         reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) + row * p.lda + col);
-    const uint4 v0 = r[0], v1 = r[1];
+    const uint4 v0 = LoadStreaming16(r), v1 = LoadStreaming16(r + 1);
     Widen8(v0, x);
     Widen8(v1, x + 8);
   } else {
@@ -169,7 +173,8 @@ __device__ __forceinline__ float QuantizeBlock(float x[kValues], bool real, uint
       for (int i = 0; i < kValues; ++i) x[i] = __fdiv_rn(x[i], s);
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = PackE4m3x4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+    for (int i = 0; i < 4; ++i)
+      w[i] = PackE4m3x4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
   }
   *packed = make_uint4(w[0], w[1], w[2], w[3]);
   return s;
