@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/gemm/fp8_block_gemm.h"
@@ -59,13 +60,18 @@ class CublasLtFp8Gemm {
   // Takes' conditions on sizes and strides only (no pointer looked at).
   static bool TakesLayout(const Fp8LtGemm& g);
 
-  // The GEMM on `stream` with the first algorithm of cuBLASLt's heuristic for its shape's size
-  // class (SizeClass(m) with the rest of the shape; asked once per class, so a shape always
-  // runs the same algorithm; where cuBLASLt refuses that algorithm at this m, the heuristic's
-  // first for m itself; nothing is timed and nothing synchronises: safe while the stream is
-  // captured into a CUDA graph). false (nothing launched): Takes is false, or cuBLASLt has no
-  // algorithm for the shape (not compute capability 9.0, a cuBLASLt without these scale modes,
-  // or a layout its heuristic refuses). Errors: cuBLASLt failures other than the refusals.
+  // The GEMM on `stream` with its shape's algorithm. A shape is its size class (SizeClass(m)
+  // with the rest of the shape), asked of cuBLASLt's heuristic once, so a shape always runs the
+  // same algorithm within a process; where cuBLASLt refuses that algorithm at this m, the
+  // heuristic's first for m itself. The algorithm: for classes from kTimedMinRows rows without
+  // accumulate (prefill's GEMMs), the fastest of the heuristic's first kCandidates, timed at the
+  // class's first Run outside stream capture (each candidate once to warm up, then kTimedRuns
+  // times between two events, writing d, which the final launch overwrites; the stream is
+  // synchronised); otherwise, and while the stream is captured into a CUDA graph (nothing is
+  // timed then, nothing synchronises), the heuristic's first. false (nothing launched): Takes
+  // is false, or cuBLASLt has no algorithm for the shape (not compute capability 9.0, a
+  // cuBLASLt without these scale modes, or a layout its heuristic refuses). Errors: cuBLASLt
+  // failures other than the refusals, CUDA event failures while timing.
   absl::StatusOr<bool> Run(const Fp8LtGemm& g, cudaStream_t stream);
   // Whether Run would launch g given pointers Takes accepts (TakesLayout, and an algorithm for
   // each part): asks cuBLASLt's heuristic the first time a shape is seen, launches nothing; g's
@@ -84,6 +90,12 @@ class CublasLtFp8Gemm {
   static int64_t SizeClass(int64_t m);
   static constexpr int64_t kLargestPowerClass = 256;
   static constexpr int64_t kClassStep = 256;
+  // Run's timed choice: classes from this many rows, this many candidates, launches timed each.
+  static constexpr int64_t kTimedMinRows = 1024;
+  static constexpr int kCandidates = 8;
+  static constexpr int kTimedRuns = 3;
+  // The shapes whose algorithm was chosen by timing so far.
+  size_t timed_shapes() const { return timed_shapes_; }
 
  private:
   // SizeClass(m), n, k, ldq, ldw, ldd, d_bf16, accumulate.
@@ -91,15 +103,23 @@ class CublasLtFp8Gemm {
   struct Shape;  // descriptors + algorithm of one shape (null algorithm: none offered)
 
   CublasLtFp8Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes);
-  absl::StatusOr<const Shape*> ShapeFor(const Fp8LtGemm& g);
-  // The heuristic's first algorithm for s's descriptors as they stand (their current m), within
-  // the workspace; found false where it offers none. Errors: cuBLASLt failures.
+  absl::StatusOr<Shape*> ShapeFor(const Fp8LtGemm& g);
+  // The heuristic's first `count` algorithms for s's descriptors as they stand (their current
+  // m), within the workspace, best first; found false where it offers none. Errors: cuBLASLt
+  // failures.
   struct HeuristicPick {
     cublasStatus_t status = CUBLAS_STATUS_NOT_INITIALIZED;
     bool found = false;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo;  // the first
+    std::vector<cublasLtMatmulAlgo_t> candidates;
   };
-  absl::StatusOr<HeuristicPick> AskHeuristic(const Shape& s);
+  absl::StatusOr<HeuristicPick> AskHeuristic(const Shape& s, int count);
+  // One cublasLtMatmul of g with s's descriptors (their scale pointers and m set for g).
+  cublasStatus_t Matmul(const Shape& s, const Fp8LtGemm& g, const cublasLtMatmulAlgo_t* algo,
+                        cudaStream_t stream);
+  // s's algorithm chosen among its untimed candidates by timing them on g (see Run); nothing
+  // done while `stream` is being captured.
+  absl::Status TimeCandidates(Shape* s, const Fp8LtGemm& g, cudaStream_t stream);
   // g's one or two single-grid parts (Run's split at split_rows); returns how many.
   static int Parts(const Fp8LtGemm& g, Fp8LtGemm parts[2]);
   // One matmul of rows [0, g.n) of g.w (its scale grid from its first row).
@@ -109,6 +129,7 @@ class CublasLtFp8Gemm {
   void* workspace_;
   size_t workspace_bytes_;
   std::map<Key, std::unique_ptr<Shape>> shapes_;
+  size_t timed_shapes_ = 0;
 };
 
 }  // namespace deepinfer

@@ -177,6 +177,22 @@ TEST_F(CublasLtFp8GemmTest, SizesOfOneClassShareAShape) {
   EXPECT_EQ(gemm_->shapes(), 3u);  // classes 512, 16 and 4
 }
 
+// Classes from kTimedMinRows rows without accumulate take the fastest of the heuristic's
+// candidates, timed at their first Run (at most one timing per class; none for accumulate):
+// every size of the class, and the next call at the first size, still the host's product.
+TEST_F(CublasLtFp8GemmTest, TimedClassesStayCorrect) {
+  const int64_t m0 = CublasLtFp8Gemm::kTimedMinRows + 76;
+  ASSERT_EQ(CublasLtFp8Gemm::SizeClass(m0), CublasLtFp8Gemm::SizeClass(m0 + 100));
+  for (int64_t m : {m0, m0 + 100, m0}) {
+    SCOPED_TRACE(::testing::Message() << "m " << m);
+    ASSERT_NO_FATAL_FAILURE(RunAndCheck(gemm_.get(), Case{m, 512, 1408, 0, 0, true, false}));
+  }
+  EXPECT_LE(gemm_->timed_shapes(), 1u);
+  ASSERT_NO_FATAL_FAILURE(RunAndCheck(gemm_.get(), Case{m0, 512, 1408, 0, 0, false, true}));
+  EXPECT_LE(gemm_->timed_shapes(), 1u);  // accumulate: the heuristic's first, not timed
+  EXPECT_EQ(gemm_->shapes(), 2u);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CublasLtFp8GemmTest,
     ::testing::Values(
