@@ -85,7 +85,8 @@ bool CublasLtFp8Gemm::TakesLayout(const Fp8LtGemm& g) {
 bool CublasLtFp8Gemm::Takes(const Fp8LtGemm& g) {
   return TakesLayout(g) && g.q != nullptr && Aligned16(g.q) && g.q_scales != nullptr &&
          Aligned16(g.q_scales) && g.w.data != nullptr && Aligned16(g.w.data) &&
-         g.w.scales != nullptr && Aligned16(g.w.scales) && g.d != nullptr && Aligned16(g.d);
+         g.w.scales != nullptr && Aligned16(g.w.scales) && g.d != nullptr && Aligned16(g.d) &&
+         Aligned16(g.timing_d);
 }
 
 absl::StatusOr<CublasLtFp8Gemm::Shape*> CublasLtFp8Gemm::ShapeFor(const Fp8LtGemm& g) {
@@ -132,7 +133,7 @@ absl::StatusOr<CublasLtFp8Gemm::Shape*> CublasLtFp8Gemm::ShapeFor(const Fp8LtGem
                   "cublasLtMatrixLayoutCreate(D)");
   }
   if (!st.ok()) return st;
-  const bool timed = m >= kTimedMinRows && !g.accumulate;
+  const bool timed = m >= kTimedMinRows;
   auto pick = AskHeuristic(*s, timed ? kCandidates : 1);
   if (!pick.ok()) return pick.status();
   s->heuristic_status = pick->status;
@@ -181,9 +182,10 @@ absl::StatusOr<CublasLtFp8Gemm::HeuristicPick> CublasLtFp8Gemm::AskHeuristic(con
 }
 
 cublasStatus_t CublasLtFp8Gemm::Matmul(const Shape& s, const Fp8LtGemm& g,
-                                       const cublasLtMatmulAlgo_t* algo, cudaStream_t stream) {
+                                       const cublasLtMatmulAlgo_t* algo, void* d,
+                                       cudaStream_t stream) {
   const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
-  return cublasLtMatmul(lt_, s.op, &alpha, g.w.data, s.w, g.q, s.q, &beta, g.d, s.d, g.d, s.d, algo,
+  return cublasLtMatmul(lt_, s.op, &alpha, g.w.data, s.w, g.q, s.q, &beta, g.d, s.d, d, s.d, algo,
                         workspace_, workspace_bytes_, stream);
 }
 
@@ -193,6 +195,9 @@ absl::Status CublasLtFp8Gemm::TimeCandidates(Shape* s, const Fp8LtGemm& g, cudaS
     return absl::InternalError("CublasLtFp8Gemm: cudaStreamIsCapturing failed");
   }
   if (capture != cudaStreamCaptureStatusNone) return absl::OkStatus();
+  // With accumulate the candidates write timing_d (d read as the addend, left as it was).
+  void* const out = g.accumulate ? g.timing_d : g.d;
+  if (out == nullptr) return absl::OkStatus();
   cudaEvent_t start = nullptr, stop = nullptr;
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
     if (start != nullptr) cudaEventDestroy(start);
@@ -203,7 +208,7 @@ absl::Status CublasLtFp8Gemm::TimeCandidates(Shape* s, const Fp8LtGemm& g, cudaS
   float best_ms = 0.0f;
   for (size_t c = 0; c < s->untimed.size() && st.ok(); ++c) {
     const cublasLtMatmulAlgo_t* algo = &s->untimed[c];
-    cublasStatus_t status = Matmul(*s, g, algo, stream);  // warm-up
+    cublasStatus_t status = Matmul(*s, g, algo, out, stream);  // warm-up
     if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
       continue;  // not at this m: another candidate
     }
@@ -212,7 +217,7 @@ absl::Status CublasLtFp8Gemm::TimeCandidates(Shape* s, const Fp8LtGemm& g, cudaS
       st = absl::InternalError("CublasLtFp8Gemm: cudaEventRecord failed");
     }
     for (int r = 0; r < kTimedRuns && st.ok(); ++r) {
-      st = LtStatus(Matmul(*s, g, algo, stream), "cublasLtMatmul(FP8 block-scaled, timing)");
+      st = LtStatus(Matmul(*s, g, algo, out, stream), "cublasLtMatmul(FP8 block-scaled, timing)");
     }
     float ms = 0.0f;
     if (st.ok() && (cudaEventRecord(stop, stream) != cudaSuccess ||
@@ -259,13 +264,13 @@ absl::StatusOr<bool> CublasLtFp8Gemm::RunOne(const Fp8LtGemm& g, cudaStream_t st
   }
   if (st.ok() && !s.untimed.empty()) st = TimeCandidates(&s, g, stream);
   if (!st.ok()) return st;
-  cublasStatus_t status = Matmul(s, g, &s.algo, stream);
+  cublasStatus_t status = Matmul(s, g, &s.algo, g.d, stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
     // The size class's algorithm does not take this m: the heuristic's first for m itself.
     auto pick = AskHeuristic(s, 1);
     if (!pick.ok()) return pick.status();
     if (!pick->found) return false;
-    status = Matmul(s, g, &pick->algo, stream);
+    status = Matmul(s, g, &pick->algo, g.d, stream);
   }
   st = LtStatus(status, "cublasLtMatmul(FP8 block-scaled)");
   if (!st.ok()) return st;
@@ -287,6 +292,7 @@ int CublasLtFp8Gemm::Parts(const Fp8LtGemm& g, Fp8LtGemm parts[2]) {
     parts[1].w.scales = g.w.scales + kernels::Fp8ScaleRow(split, split) * g.w.scale_ld;
   }
   if (g.d != nullptr) parts[1].d = static_cast<char*>(g.d) + split * d_elem;
+  if (g.timing_d != nullptr) parts[1].timing_d = static_cast<char*>(g.timing_d) + split * d_elem;
   return 2;
 }
 
@@ -319,6 +325,19 @@ absl::StatusOr<bool> CublasLtFp8Gemm::Ready(const Fp8LtGemm& g) {
     if (!(*shape)->has_algo) return false;
   }
   return true;
+}
+
+bool CublasLtFp8Gemm::NeedsTimingBuffer(const Fp8LtGemm& g) const {
+  if (!g.accumulate || !TakesLayout(g)) return false;
+  Fp8LtGemm parts[2];
+  const int count = Parts(g, parts);
+  for (int i = 0; i < count; ++i) {
+    const Fp8LtGemm& p = parts[i];
+    auto found =
+        shapes_.find(Key{SizeClass(p.m), p.n, p.k, p.ldq, p.w.ldw, p.ldd, p.d_bf16, p.accumulate});
+    if (found != shapes_.end() && !found->second->untimed.empty()) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<bool> CublasLtFp8Gemm::Run(const Fp8LtGemm& g, cudaStream_t stream) {

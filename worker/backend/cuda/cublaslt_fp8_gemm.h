@@ -36,6 +36,10 @@ struct Fp8LtGemm {
   int64_t ldd = 0;
   bool d_bf16 = false;
   bool accumulate = false;  // d + the product (beta 1), in d's type
+  // With accumulate, where Run times the shape's candidates (NeedsTimingBuffer): their launches
+  // write here ([m, ldd] of d's type, d read as the addend) and leave d as it was; null: the
+  // shape's candidates wait, the heuristic's first runs.
+  void* timing_d = nullptr;
 };
 
 // Not thread-safe: one per CudaBackend, used from its stream's thread.
@@ -52,10 +56,10 @@ class CublasLtFp8Gemm {
   // Whether `device` is one cuBLASLt runs these scale modes on (compute capability 9.0).
   static bool DeviceSupports(int device);
   // Whether the operands have the layout cuBLASLt needs: m a multiple of 4; k, ldq, w.ldw
-  // multiples of 16 and d's row stride of 16 bytes; 16-byte aligned q, w.data, d, scales;
-  // w.scale_ld == kernels::Fp8ScaleLd(k) (the 2D scales' column stride is implied); a matrix
-  // stacked at split_rows takes one GEMM per part unless split_rows is a multiple of 128, and
-  // needs split_rows * the output element size a multiple of 16 bytes.
+  // multiples of 16 and d's row stride of 16 bytes; 16-byte aligned q, w.data, d, scales (and
+  // timing_d where set); w.scale_ld == kernels::Fp8ScaleLd(k) (the 2D scales' column stride is
+  // implied); a matrix stacked at split_rows takes one GEMM per part unless split_rows is a
+  // multiple of 128, and needs split_rows * the output element size a multiple of 16 bytes.
   static bool Takes(const Fp8LtGemm& g);
   // Takes' conditions on sizes and strides only (no pointer looked at).
   static bool TakesLayout(const Fp8LtGemm& g);
@@ -63,20 +67,24 @@ class CublasLtFp8Gemm {
   // The GEMM on `stream` with its shape's algorithm. A shape is its size class (SizeClass(m)
   // with the rest of the shape), asked of cuBLASLt's heuristic once, so a shape always runs the
   // same algorithm within a process; where cuBLASLt refuses that algorithm at this m, the
-  // heuristic's first for m itself. The algorithm: for classes from kTimedMinRows rows without
-  // accumulate (prefill's GEMMs), the fastest of the heuristic's first kCandidates, timed at the
-  // class's first Run outside stream capture (each candidate once to warm up, then kTimedRuns
-  // times between two events, writing d, which the final launch overwrites; the stream is
-  // synchronised); otherwise, and while the stream is captured into a CUDA graph (nothing is
-  // timed then, nothing synchronises), the heuristic's first. false (nothing launched): Takes
-  // is false, or cuBLASLt has no algorithm for the shape (not compute capability 9.0, a
-  // cuBLASLt without these scale modes, or a layout its heuristic refuses). Errors: cuBLASLt
-  // failures other than the refusals, CUDA event failures while timing.
+  // heuristic's first for m itself. The algorithm: for classes from kTimedMinRows rows
+  // (prefill's GEMMs), the fastest of the heuristic's first kCandidates, timed at the class's
+  // first Run outside stream capture (with accumulate: the first that has g.timing_d); each
+  // candidate once to warm up, then kTimedRuns times between two events, writing d (timing_d
+  // with accumulate), which the final launch overwrites; the stream is synchronised. Otherwise,
+  // and while the stream is captured into a CUDA graph (nothing is timed then, nothing
+  // synchronises), the heuristic's first. false (nothing launched): Takes is false, or cuBLASLt
+  // has no algorithm for the shape (not compute capability 9.0, a cuBLASLt without these scale
+  // modes, or a layout its heuristic refuses). Errors: cuBLASLt failures other than the
+  // refusals, CUDA event failures while timing.
   absl::StatusOr<bool> Run(const Fp8LtGemm& g, cudaStream_t stream);
   // Whether Run would launch g given pointers Takes accepts (TakesLayout, and an algorithm for
   // each part): asks cuBLASLt's heuristic the first time a shape is seen, launches nothing; g's
   // activation and output pointers may still be null. Errors: cuBLASLt failures.
   absl::StatusOr<bool> Ready(const Fp8LtGemm& g);
+  // Whether Run would time g's candidates into g.timing_d: accumulate, and a part's shape
+  // (asked by Ready) still untimed.
+  bool NeedsTimingBuffer(const Fp8LtGemm& g) const;
   // Why Ready / Run said no for g (for messages): each part's heuristic status.
   std::string Refusal(const Fp8LtGemm& g) const;
   // The shapes asked of the heuristic so far (one per size class and the rest of the shape).
@@ -114,9 +122,10 @@ class CublasLtFp8Gemm {
     std::vector<cublasLtMatmulAlgo_t> candidates;
   };
   absl::StatusOr<HeuristicPick> AskHeuristic(const Shape& s, int count);
-  // One cublasLtMatmul of g with s's descriptors (their scale pointers and m set for g).
+  // One cublasLtMatmul of g into d (g.d, or a timing buffer of its layout; g.d the addend) with
+  // s's descriptors (their scale pointers and m set for g).
   cublasStatus_t Matmul(const Shape& s, const Fp8LtGemm& g, const cublasLtMatmulAlgo_t* algo,
-                        cudaStream_t stream);
+                        void* d, cudaStream_t stream);
   // s's algorithm chosen among its untimed candidates by timing them on g (see Run); nothing
   // done while `stream` is being captured.
   absl::Status TimeCandidates(Shape* s, const Fp8LtGemm& g, cudaStream_t stream);
