@@ -1,8 +1,8 @@
 // Fp8QuantizeRows against the scheme computed on the host: the scale in float (amax / 448, at
-// least FLT_MIN), each value divided by it in float and encoded by the loader's e4m3 encoder
-// (worker/model/dtype_conversion.h: nearest even, saturating at 448). Both sides round the same
-// IEEE operations, so bytes and scales must match exactly. AddRowsF32 against plain copies.
-// Skips itself without a GPU.
+// least FLT_MIN), each value divided by it in float (IEEE division) and encoded by the loader's
+// e4m3 encoder (worker/model/dtype_conversion.h: nearest even, saturating at 448). Both sides round
+// the same IEEE operations, so bytes and scales must match exactly. AddRowsF32 against plain
+// copies. Skips itself without a GPU.
 #include "kernels/gemm/fp8_quantize.h"
 
 #include <algorithm>
@@ -43,6 +43,13 @@ TEST_P(Fp8QuantizeRowsTest, MatchesTheHostScheme) {
     a[1 * lda + p] *= std::ldexp(1.0f, (p / 128) % 40 - 20);
   if (t.m > 2) {
     for (int64_t p = 0; p < std::min<int64_t>(t.k, 128); ++p) a[2 * lda + p] = 0.0f;
+  }
+  // Blocks whose scales straddle both ends of the range the kernel divides through a shared
+  // reciprocal ([2^-80, 2^100]; IEEE divisions outside): the bytes must not tell them apart.
+  if (t.m > 3) {
+    static constexpr int kExponents[] = {-126, -120, -74, -73, -72, -60, 100, 105, 106, 110};
+    for (int64_t p = 0; p < t.k; ++p)
+      a[3 * lda + p] *= std::ldexp(1.0f, kExponents[(p / 128) % 10]);
   }
   if (t.a_bf16) {
     for (float& x : a) x = RoundToBf16(x);
