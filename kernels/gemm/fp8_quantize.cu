@@ -6,7 +6,8 @@
 // reciprocal (DivideByScale). A row's group (its scales' place) is looked up once per warp, a
 // scattered row's destinations too (lane j holds destination j). Fewer rows than kTargetWarps
 // (decode): each row's iterations split over up to that many warps, so a few long rows still
-// fill the GPU.
+// fill the GPU. More rows, not scattered, with a block count not a multiple of 4 (Moonlight's
+// 1408 and 2816 intermediates: 11 and 22): tiles of 4 or 2 rows a warp (QuantizeTileKernel).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -206,6 +207,47 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Rows in tiles of rows_per_warp (2 or 4) a warp, not split (many rows), where a row's block
+// count is not a multiple of 4: the tile's rows_per_warp * blocks_per_row blocks (a multiple of
+// 4) in order, four an iteration, so no iteration leaves a lane idle. Lane r < rows_per_warp
+// holds row r's scale place; a block's lanes take theirs with a shuffle. Registers capped for
+// four blocks an SM (32 warps), QuantizeKernel's occupancy.
+constexpr int kTileBlocksPerSm = 4;
+template <Source kSource>
+__global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
+    QuantizeTileKernel(Fp8QuantizeParams p, int blocks_per_row, int rows_per_warp) {
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  const int64_t row0 = warp * rows_per_warp;
+  const int lane = threadIdx.x & 31;
+  if (row0 >= p.m_pad) return;  // whole warps
+  int64_t lane_base = 0, lane_stride = 0;
+  int lane_found = 0;
+  if (lane < rows_per_warp && row0 + lane < p.m_pad) {
+    lane_found = ScalePlace(p, row0 + lane, blocks_per_row, &lane_base, &lane_stride) ? 1 : 0;
+  }
+  const int group = lane / 8, sub = lane % 8;
+  const int tasks = rows_per_warp * blocks_per_row;
+  for (int t0 = 0; t0 < tasks; t0 += 4) {
+    const int t = t0 + group;
+    const int r = (t >= blocks_per_row) + (t >= 2 * blocks_per_row) + (t >= 3 * blocks_per_row);
+    const int kb = t - r * blocks_per_row;
+    const int64_t row = row0 + r;
+    const int64_t base = __shfl_sync(0xFFFFFFFFu, lane_base, r);
+    const int64_t stride = __shfl_sync(0xFFFFFFFFu, lane_stride, r);
+    const bool found = __shfl_sync(0xFFFFFFFFu, lane_found, r) != 0;
+    const bool real = found && row < p.m;
+    const int64_t col = static_cast<int64_t>(kb) * kBlock + kValues * sub;
+    float x[kValues] = {};
+    if (real && col < p.k) Load16<kSource>(p, row, col, x);
+    uint4 packed;
+    const float s = QuantizeBlock(x, real, &packed);
+    if (found && col < p.k) {
+      *reinterpret_cast<uint4*>(p.q + row * p.ldq + col) = packed;
+      if (sub == 0) p.scales[base + kb * stride] = s;
+    }
+  }
+}
+
 // One warp per (source row, part): each of the part's blocks quantised once, written to each of
 // the row's destination rows (lane j < dests_per_row holds destination j's row and scale place).
 template <Source kSource>
@@ -239,11 +281,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// rows_per_warp > 1: QuantizeTileKernel (not scattered, splits 1).
 template <Source kSource>
-void Launch(const Fp8QuantizeParams& q, int64_t blocks_per_row, int64_t splits, unsigned grid,
-            cudaStream_t stream) {
+void Launch(const Fp8QuantizeParams& q, int64_t blocks_per_row, int64_t splits, int rows_per_warp,
+            unsigned grid, cudaStream_t stream) {
   if (q.dest_rows != nullptr) {
     QuantizeScatterKernel<kSource><<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
+  } else if (rows_per_warp > 1) {
+    QuantizeTileKernel<kSource>
+        <<<grid, kThreads, 0, stream>>>(q, static_cast<int>(blocks_per_row), rows_per_warp);
   } else {
     QuantizeKernel<kSource><<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
   }
@@ -286,19 +332,28 @@ cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream) {
   const int64_t chunks = (p.k + kChunk - 1) / kChunk;
   const int64_t splits =
       std::min(chunks, std::max<int64_t>(1, (kTargetWarps + launch_rows - 1) / launch_rows));
-  const int64_t grid = (launch_rows * splits + kRowsPerBlock - 1) / kRowsPerBlock;
+  // Many rows (prefill), whole rows a warp, a block count not a multiple of 4: tiles of 2 or 4
+  // rows a warp, a multiple of 4 blocks (QuantizeTileKernel). Decode's few rows keep one a warp.
+  int rows_per_warp = 1;
+  if (q.dest_rows == nullptr && launch_rows >= kTargetWarps && splits == 1 &&
+      blocks_per_row % 4 != 0 && blocks_per_row < (int64_t{1} << 28)) {
+    rows_per_warp = blocks_per_row % 2 != 0 ? 4 : 2;
+  }
+  const int64_t warps =
+      rows_per_warp > 1 ? (launch_rows + rows_per_warp - 1) / rows_per_warp : launch_rows * splits;
+  const int64_t grid = (warps + kRowsPerBlock - 1) / kRowsPerBlock;
   if (grid > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const unsigned g = static_cast<unsigned>(grid);
   if (q.silu_mul && q.a_bf16) {
-    Launch<Source::kSiluMulBf16>(q, blocks_per_row, splits, g, stream);
+    Launch<Source::kSiluMulBf16>(q, blocks_per_row, splits, rows_per_warp, g, stream);
   } else if (q.silu_mul) {
-    Launch<Source::kSiluMulF32>(q, blocks_per_row, splits, g, stream);
+    Launch<Source::kSiluMulF32>(q, blocks_per_row, splits, rows_per_warp, g, stream);
   } else if (q.a_bf16) {
-    Launch<Source::kBf16>(q, blocks_per_row, splits, g, stream);
+    Launch<Source::kBf16>(q, blocks_per_row, splits, rows_per_warp, g, stream);
   } else if (q.round_bf16) {
-    Launch<Source::kF32RoundBf16>(q, blocks_per_row, splits, g, stream);
+    Launch<Source::kF32RoundBf16>(q, blocks_per_row, splits, rows_per_warp, g, stream);
   } else {
-    Launch<Source::kF32>(q, blocks_per_row, splits, g, stream);
+    Launch<Source::kF32>(q, blocks_per_row, splits, rows_per_warp, g, stream);
   }
   return cudaGetLastError();
 }
