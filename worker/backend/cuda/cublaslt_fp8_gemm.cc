@@ -40,15 +40,21 @@ struct CublasLtFp8Gemm::Shape {
 };
 
 absl::StatusOr<std::unique_ptr<CublasLtFp8Gemm>> CublasLtFp8Gemm::Create(void* workspace,
-                                                                         size_t workspace_bytes) {
+                                                                         size_t workspace_bytes,
+                                                                         bool time_large_shapes) {
   cublasLtHandle_t lt = nullptr;
   absl::Status st = LtStatus(cublasLtCreate(&lt), "cublasLtCreate");
   if (!st.ok()) return st;
-  return std::unique_ptr<CublasLtFp8Gemm>(new CublasLtFp8Gemm(lt, workspace, workspace_bytes));
+  return std::unique_ptr<CublasLtFp8Gemm>(
+      new CublasLtFp8Gemm(lt, workspace, workspace_bytes, time_large_shapes));
 }
 
-CublasLtFp8Gemm::CublasLtFp8Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes)
-    : lt_(lt), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
+CublasLtFp8Gemm::CublasLtFp8Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes,
+                                 bool time_large_shapes)
+    : lt_(lt),
+      workspace_(workspace),
+      workspace_bytes_(workspace_bytes),
+      time_large_shapes_(time_large_shapes) {}
 
 CublasLtFp8Gemm::~CublasLtFp8Gemm() {
   shapes_.clear();
@@ -133,7 +139,7 @@ absl::StatusOr<CublasLtFp8Gemm::Shape*> CublasLtFp8Gemm::ShapeFor(const Fp8LtGem
                   "cublasLtMatrixLayoutCreate(D)");
   }
   if (!st.ok()) return st;
-  const bool timed = m >= kTimedMinRows;
+  const bool timed = time_large_shapes_ && m >= kTimedMinRows;
   auto pick = AskHeuristic(*s, timed ? kCandidates : 1);
   if (!pick.ok()) return pick.status();
   s->heuristic_status = pick->status;

@@ -46,9 +46,11 @@ struct Fp8LtGemm {
 class CublasLtFp8Gemm {
  public:
   // `workspace` (device, workspace_bytes) is cuBLASLt's scratch; the caller keeps it alive and
-  // uses it only in order on the streams it passes to Run.
+  // uses it only in order on the streams it passes to Run. time_large_shapes false: every
+  // shape runs the heuristic's first algorithm (no timing; run-to-run reproducible bits).
   static absl::StatusOr<std::unique_ptr<CublasLtFp8Gemm>> Create(void* workspace,
-                                                                 size_t workspace_bytes);
+                                                                 size_t workspace_bytes,
+                                                                 bool time_large_shapes = true);
   ~CublasLtFp8Gemm();
   CublasLtFp8Gemm(const CublasLtFp8Gemm&) = delete;
   CublasLtFp8Gemm& operator=(const CublasLtFp8Gemm&) = delete;
@@ -68,14 +70,14 @@ class CublasLtFp8Gemm {
   // with the rest of the shape), asked of cuBLASLt's heuristic once, so a shape always runs the
   // same algorithm within a process; where cuBLASLt refuses that algorithm at this m, the
   // heuristic's first for m itself. The algorithm: for classes from kTimedMinRows rows
-  // (prefill's GEMMs), the fastest of the heuristic's first kCandidates, timed at the class's
-  // first Run outside stream capture (with accumulate: the first that has g.timing_d); each
-  // candidate once to warm up, then kTimedRuns times between two events, writing d (timing_d
-  // with accumulate), which the final launch overwrites; the stream is synchronised. Otherwise,
-  // and while the stream is captured into a CUDA graph (nothing is timed then, nothing
-  // synchronises), the heuristic's first. false (nothing launched): Takes is false, or cuBLASLt
-  // has no algorithm for the shape (not compute capability 9.0, a cuBLASLt without these scale
-  // modes, or a layout its heuristic refuses). Errors: cuBLASLt failures other than the
+  // (prefill's GEMMs; with Create's time_large_shapes), the fastest of the heuristic's first
+  // kCandidates, timed at the class's first Run outside stream capture (with accumulate: the first
+  // that has g.timing_d); each candidate once to warm up, then kTimedRuns times between two events,
+  // writing d (timing_d with accumulate), which the final launch overwrites; the stream is
+  // synchronised. Otherwise, and while the stream is captured into a CUDA graph (nothing is timed
+  // then, nothing synchronises), the heuristic's first. false (nothing launched): Takes is false,
+  // or cuBLASLt has no algorithm for the shape (not compute capability 9.0, a cuBLASLt without
+  // these scale modes, or a layout its heuristic refuses). Errors: cuBLASLt failures other than the
   // refusals, CUDA event failures while timing.
   absl::StatusOr<bool> Run(const Fp8LtGemm& g, cudaStream_t stream);
   // Whether Run would launch g given pointers Takes accepts (TakesLayout, and an algorithm for
@@ -110,7 +112,8 @@ class CublasLtFp8Gemm {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
   struct Shape;  // descriptors + algorithm of one shape (null algorithm: none offered)
 
-  CublasLtFp8Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes);
+  CublasLtFp8Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes,
+                  bool time_large_shapes);
   absl::StatusOr<Shape*> ShapeFor(const Fp8LtGemm& g);
   // The heuristic's first `count` algorithms for s's descriptors as they stand (their current
   // m), within the workspace, best first; found false where it offers none. Errors: cuBLASLt
@@ -137,6 +140,7 @@ class CublasLtFp8Gemm {
   cublasLtHandle_t lt_;
   void* workspace_;
   size_t workspace_bytes_;
+  bool time_large_shapes_;
   std::map<Key, std::unique_ptr<Shape>> shapes_;
   size_t timed_shapes_ = 0;
 };
