@@ -271,7 +271,10 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
   const int dim = p.cache.latent_dim + p.cache.rope_dim;
-  if ((p.mma_variant == 0 || p.mma_variant == kWgmmaVariant) && WgmmaFits(p, device)) {
+  const bool wgmma_wanted =
+      p.mma_variant == kWgmmaVariant ||
+      (p.mma_variant == 0 && p.num_tokens >= kMlaWgmmaDefaultMinTokens);
+  if (wgmma_wanted && WgmmaFits(p, device)) {
     // One block per (token, split, 64 heads), one block per SM: split until the blocks
     // cover the SMs (rounding down, as below).
     plan->wgmma = true;

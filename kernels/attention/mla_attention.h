@@ -87,10 +87,15 @@ struct MlaAttentionParams {
   // warpgroups per (token, context split, group of 64 heads), 64-key tiles, bf16 Q and P as 9;
   // it takes num_heads a multiple of 64, latent 512 + rope 64, a 16-byte aligned cache, on a
   // compute capability 9.0 device; other params given 10 run the default's choice.
-  // 0 = the default: 10 where it takes the params, else 9, else 4 for shapes 9 does not take
+  // 0 = the default: 10 where it takes the params and there are at least
+  // kMlaWgmmaDefaultMinTokens tokens, else 9, else 4 for shapes 9 does not take
   // (docs/kernels/attention.md). Tests and the benchmark set it.
   int32_t mma_variant = 0;
 };
+
+// The default (mma_variant 0) runs the wgmma kernel from this many tokens: at one token its
+// blocks hold a few keys each and the key-split kernel is faster (docs/kernels/attention.md).
+constexpr int32_t kMlaWgmmaDefaultMinTokens = 16;
 
 // Writes token t's latent (row t of latent, stride ld_latent) and rope key (row t of rope_key,
 // stride ld_rope) into cache slot slots[t] = block * block_size + offset; a bf16 cache stores

@@ -220,7 +220,8 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   // The tensor-core kernel must be the one tested wherever its shape limits allow it; by
   // default the wgmma one for multiples of 64 heads, else the key-split one for latent 512 +
   // rope 64 (variant 9: with the cluster merge at 2-3 splits).
-  if (wgmma_runs) {
+  const bool wgmma_default = wgmma_runs && tokens >= kernels::kMlaWgmmaDefaultMinTokens;
+  if (wgmma_default) {
     EXPECT_EQ(kernel, "wgmma_bf16_64_heads");
   } else if (bf16 && key_split_shape) {
     EXPECT_TRUE(kernel == "mma_bf16_key_split" || kernel == "mma_bf16_key_split_cluster") << kernel;
@@ -266,7 +267,8 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
           splits >= 2 && splits <= kernels::kMlaClusterMergeMaxSplits && cc_major >= 9;
       EXPECT_STREQ(kernels::MlaAttentionKernelName(p),
                    !key_split_shape                ? kernel.c_str()
-                   : variant != 9 && wgmma_runs    ? "wgmma_bf16_64_heads"
+                   : (variant == 10 && wgmma_runs) || (variant == 0 && wgmma_default)
+                       ? "wgmma_bf16_64_heads"
                    : cluster                       ? "mma_bf16_key_split_cluster"
                                                    : "mma_bf16_key_split");
       EXPECT_EQ(kernels::MlaAttentionBf16Operands(p), key_split_shape);
