@@ -134,8 +134,8 @@ struct CudaTuning {
   //    or kernels::Fp8MmaGroupedGemm with the fixed k split (FP8); fp32 experts are declined
   //    (the caller's per-expert GroupedGemm, on the batch-invariant Gemm);
   //  * MlaAttention: kernels::MlaAttentionF32 for every token (prefill too) with
-  //    kBatchInvariantMlaSplits context splits (no one-launch decode kernel, no tensor-core
-  //    prefill).
+  //    kBatchInvariantMlaSplits context splits and kernel kBatchInvariantMlaVariant (no
+  //    one-launch decode kernel, no tensor-core prefill).
   //  * V4 sink attention (CudaV4Ops): kBatchInvariantSinkSplits splits; V4's other kernels
   //    (indexer, compression, hyper-connections, its router) keep their defaults, not checked.
   // Sampling, norms, rope, permutation and combine already compute each row on its own.
@@ -223,6 +223,9 @@ class CudaBackend : public Backend {
   // tokens of 16 heads on the H200 (132 SMs x 2 blocks per SM; 2-3 splits merge inside a
   // thread-block cluster).
   static constexpr int32_t kBatchInvariantMlaSplits = 2;
+  // CudaTuning::batch_invariant: MlaAttentionF32's kernel for every token count (the key-split
+  // kernel, mma_variant 9: the default takes the 64-head wgmma kernel from 16 tokens).
+  static constexpr int32_t kBatchInvariantMlaVariant = 9;
   // CudaTuning::batch_invariant: V4 sink attention's splits of each token's rows
   // (CudaV4Ops::SinkAttention), fixed as kBatchInvariantMlaSplits.
   static constexpr int32_t kBatchInvariantSinkSplits = 2;

@@ -303,6 +303,7 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
       return;
     }
     p.num_splits = kBatchInvariantMlaSplits;
+    p.mma_variant = kBatchInvariantMlaVariant;
     Check(kernels::MlaAttentionF32(p, stream_), "kernels::MlaAttentionF32");
     return;
   }
