@@ -8,9 +8,10 @@
 // global fallback); every case with an fp32 and with a bf16 cache (the CPU reference reads the same
 // bf16 values). Variant 9 (bf16 Q and P, merging its splits in a thread-block cluster) against a
 // reference over Q rounded to bf16, within P's rounding bound. The 64-head wgmma kernel (variant
-// 10, the default for multiples of 64 heads on compute capability 9.0) the same way, at 64 and
-// 128 heads: 1, 3, 64 and 128 decode tokens, contexts of 1, 17, 64, 1000, 1024 and 4100 keys,
-// blocks of 16 and 64 keys, automatic and forced split counts (Wgmma64Heads cases).
+// 10, the default from 16 tokens for multiples of 64 heads on compute capability 9.0) the same
+// way, every variant of each case, at 64 and 128 heads: 1, 3, 64 and 128 decode tokens, contexts
+// of 1, 17, 64, 1000, 1024 and 4100 keys, blocks of 16 and 64 keys, automatic and forced split
+// counts (Wgmma64Heads cases).
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
@@ -218,8 +219,8 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   const bool wgmma_runs =
       bf16 && key_split_shape && s.heads % 64 == 0 && cc_major == 9 && cc_minor == 0;
   // The tensor-core kernel must be the one tested wherever its shape limits allow it; by
-  // default the wgmma one for multiples of 64 heads, else the key-split one for latent 512 +
-  // rope 64 (variant 9: with the cluster merge at 2-3 splits).
+  // default the wgmma one for multiples of 64 heads from kMlaWgmmaDefaultMinTokens tokens, else
+  // the key-split one for latent 512 + rope 64 (variant 9: with the cluster merge at 2-3 splits).
   const bool wgmma_default = wgmma_runs && tokens >= kernels::kMlaWgmmaDefaultMinTokens;
   if (wgmma_default) {
     EXPECT_EQ(kernel, "wgmma_bf16_64_heads");
