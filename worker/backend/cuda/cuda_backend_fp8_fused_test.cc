@@ -21,7 +21,9 @@ namespace {
 
 using testing::CallsOf;
 using testing::CudaBackendTest;
+using testing::Fp8Experts;
 using testing::Fp8Matrix;
+using testing::RandomFp8Experts;
 using testing::RandomFp8Matrix;
 using testing::RandomTopK;
 
@@ -71,35 +73,22 @@ class CudaFp8FusedDecodeTest : public CudaBackendTest {
     SCOPED_TRACE(::testing::Message()
                  << "seed " << seed << " tokens " << T << (graph ? " replayed" : " eager"));
     std::mt19937 gen(seed);
-    std::vector<Fp8Matrix> gu, dn;
-    std::vector<const void*> gu_ptr, dn_ptr, gu_scale, dn_scale;
-    for (int64_t e = 0; e < E; ++e) {
-      gu.push_back(RandomFp8(2 * I, H, I, &gen));
-      dn.push_back(RandomFp8(H, I, 0, &gen));
-      gu_ptr.push_back(gu.back().data->data());
-      dn_ptr.push_back(dn.back().data->data());
-      gu_scale.push_back(gu.back().scales->data());
-      dn_scale.push_back(dn.back().scales->data());
-    }
+    // Expert e in slot E - 1 - e.
+    std::vector<int32_t> slots(E);
+    for (int32_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(E - 1 - e);
+    const Fp8Experts experts = RandomFp8Experts(gpu_.get(), I, H, slots, &gen);
+    const std::vector<Fp8Matrix>& gu = experts.gate_up;
+    const std::vector<Fp8Matrix>& dn = experts.down;
     const Fp8Matrix shared_gu = RandomFp8(2 * S * I, H, S * I, &gen);
     const Fp8Matrix shared_dn = RandomFp8(H, S * I, 0, &gen);
-    auto t_gu = UploadPointers(gu_ptr), t_dn = UploadPointers(dn_ptr),
-         t_gus = UploadPointers(gu_scale), t_dns = UploadPointers(dn_scale);
+    auto t_gu = UploadPointers(experts.gate_up_ptr), t_dn = UploadPointers(experts.down_ptr),
+         t_gus = UploadPointers(experts.gate_up_scales),
+         t_dns = UploadPointers(experts.down_scales);
     const std::vector<float> x = testing::RandomFloats(T * H, seed);
-    // Distinct ascending ids per token; expert e in slot E - 1 - e.
-    std::vector<int32_t> ids(T * K), slots(E);
+    // Distinct ascending ids per token.
+    std::vector<int32_t> ids(T * K);
     std::vector<float> wts(T * K);
     RandomTopK(T, K, E, &gen, &ids, &wts);
-    std::vector<const void*> gu_slot(E), dn_slot(E), gus_slot(E), dns_slot(E);
-    for (int32_t e = 0; e < E; ++e) {
-      slots[e] = static_cast<int32_t>(E - 1 - e);
-      gu_slot[slots[e]] = gu_ptr[e];
-      dn_slot[slots[e]] = dn_ptr[e];
-      gus_slot[slots[e]] = gu_scale[e];
-      dns_slot[slots[e]] = dn_scale[e];
-    }
-    t_gu = UploadPointers(gu_slot), t_dn = UploadPointers(dn_slot),
-    t_gus = UploadPointers(gus_slot), t_dns = UploadPointers(dns_slot);
     auto dx = Upload(x), dw = Upload(wts);
     auto dids = UploadInts(ids), dslots = UploadInts(slots);
     auto out = Poisoned(T * H);

@@ -35,8 +35,10 @@ namespace {
 
 using testing::CallsOf;
 using testing::CudaBackendTest;
+using testing::Fp8Experts;
 using testing::Fp8Matrix;
 using testing::QuantisedActivations;
+using testing::RandomFp8Experts;
 using testing::RandomFp8Matrix;
 using testing::RandomTopK;
 
@@ -137,24 +139,18 @@ class CudaFp8SharedSwapTest : public CudaBackendTest {
     gpu_ = std::move(*b);
     const int64_t SI = S * I;
     // Expert e in slot E - 1 - e: the device and host tables are in slot order.
-    std::vector<Fp8Matrix> gu, dn;
     std::vector<int32_t> slots(E);
-    std::vector<const void*> gu_slot(E), dn_slot(E), gus_slot(E), dns_slot(E);
-    for (int32_t e = 0; e < E; ++e) {
-      gu.push_back(RandomFp8(2 * I, H, I, kernels::Fp8ScaleLd(H), &gen));
-      dn.push_back(RandomFp8(H, I, 0, kernels::Fp8ScaleLd(I), &gen));
-      slots[e] = static_cast<int32_t>(E - 1 - e);
-      gu_slot[slots[e]] = gu.back().data->data();
-      dn_slot[slots[e]] = dn.back().data->data();
-      gus_slot[slots[e]] = gu.back().scales->data();
-      dns_slot[slots[e]] = dn.back().scales->data();
-    }
+    for (int32_t e = 0; e < E; ++e) slots[e] = static_cast<int32_t>(E - 1 - e);
+    const Fp8Experts experts = RandomFp8Experts(gpu_.get(), I, H, slots, &gen);
+    const std::vector<Fp8Matrix>& gu = experts.gate_up;
+    const std::vector<Fp8Matrix>& dn = experts.down;
     // The shared scales' rows 4 wider than the loader's stride: the parts' scales are moved to
     // the routed experts' stride.
     const Fp8Matrix shared_gu = RandomFp8(2 * SI, H, SI, kernels::Fp8ScaleLd(H) + 4, &gen);
     const Fp8Matrix shared_dn = RandomFp8(H, SI, 0, kernels::Fp8ScaleLd(SI) + 4, &gen);
-    auto t_gu = UploadPointers(gu_slot), t_dn = UploadPointers(dn_slot),
-         t_gus = UploadPointers(gus_slot), t_dns = UploadPointers(dns_slot);
+    auto t_gu = UploadPointers(experts.gate_up_ptr), t_dn = UploadPointers(experts.down_ptr),
+         t_gus = UploadPointers(experts.gate_up_scales),
+         t_dns = UploadPointers(experts.down_scales);
     const std::vector<float> x = testing::RandomFloats(T * H, seed);
     std::vector<int32_t> ids(T * K);
     std::vector<float> wts(T * K);
@@ -174,8 +170,8 @@ class CudaFp8SharedSwapTest : public CudaBackendTest {
     a.slot_of_expert = dslots->as<int32_t>();
     a.gate_up = static_cast<const void* const*>(t_gu->data());
     a.down = static_cast<const void* const*>(t_dn->data());
-    a.gate_up_host = gu_slot.data();
-    a.down_host = dn_slot.data();
+    a.gate_up_host = experts.gate_up_ptr.data();
+    a.down_host = experts.down_ptr.data();
     a.gate_up_scales = static_cast<const float* const*>(t_gus->data());
     a.down_scales = static_cast<const float* const*>(t_dns->data());
     a.gate_up_scale_ld = kernels::Fp8ScaleLd(H);

@@ -36,8 +36,10 @@ namespace {
 
 using testing::CallsOf;
 using testing::CudaBackendTest;
+using testing::Fp8Experts;
 using testing::Fp8Matrix;
 using testing::QuantisedActivations;
+using testing::RandomFp8Experts;
 using testing::RandomFp8Matrix;
 using testing::RandomTopK;
 
@@ -312,24 +314,18 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
     SCOPED_TRACE(::testing::Message()
                  << "seed " << seed << " tokens " << T << (graph ? " replayed" : " eager"));
     std::mt19937 gen(seed);
-    std::vector<Fp8Matrix> gu, dn;
-    std::vector<const void*> gu_ptr, dn_ptr, gu_scale, dn_scale;
-    for (int64_t e = 0; e < E; ++e) {
-      gu.push_back(RandomFp8(2 * I, H, I, &gen));
-      dn.push_back(RandomFp8(H, I, 0, &gen));
-      gu_ptr.push_back(gu.back().data->data());
-      dn_ptr.push_back(dn.back().data->data());
-      gu_scale.push_back(gu.back().scales->data());
-      dn_scale.push_back(dn.back().scales->data());
-    }
-    auto t_gu = UploadPointers(gu_ptr), t_dn = UploadPointers(dn_ptr),
-         t_gus = UploadPointers(gu_scale), t_dns = UploadPointers(dn_scale);
+    std::vector<int32_t> slots(E);
+    for (int32_t e = 0; e < E; ++e) slots[e] = e;
+    const Fp8Experts experts = RandomFp8Experts(gpu_.get(), I, H, slots, &gen);
+    const std::vector<Fp8Matrix>& gu = experts.gate_up;
+    const std::vector<Fp8Matrix>& dn = experts.down;
+    auto t_gu = UploadPointers(experts.gate_up_ptr), t_dn = UploadPointers(experts.down_ptr),
+         t_gus = UploadPointers(experts.gate_up_scales),
+         t_dns = UploadPointers(experts.down_scales);
     std::vector<float> x = testing::RandomFloats(T * H, seed);
     std::vector<int32_t> ids(T * K);
     std::vector<float> wts(T * K);
     RandomTopK(T, K, E, &gen, &ids, &wts);
-    std::vector<int32_t> slots(E);
-    for (int32_t e = 0; e < E; ++e) slots[e] = e;
     auto dx = Upload(x), dw = Upload(wts);
     auto dids = UploadInts(ids), dslots = UploadInts(slots);
     auto out = Poisoned(T * H);
@@ -349,8 +345,8 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
     a.down_scales = static_cast<const float* const*>(t_dns->data());
     a.gate_up_scale_ld = kernels::Fp8ScaleLd(H);
     a.down_scale_ld = kernels::Fp8ScaleLd(I);
-    a.gate_up_host = gu_ptr.data();
-    a.down_host = dn_ptr.data();
+    a.gate_up_host = experts.gate_up_ptr.data();
+    a.down_host = experts.down_ptr.data();
     a.dtype = WeightDType::kFp8E4M3;
     a.out = out->as<float>();
     if (graph && swap) {

@@ -1,6 +1,6 @@
 // Test helpers shared by the CUDA backend's FP8 tests: a random FP8 matrix with 128 x 128 block
-// scales on the device and its dequantised values on the host, and the W8A8 activation
-// quantisation computed on the host.
+// scales on the device and its dequantised values on the host, a set of random routed experts,
+// and the W8A8 activation quantisation computed on the host.
 #ifndef DEEPINFER_WORKER_BACKEND_CUDA_CUDA_FP8_TEST_MATRIX_H_
 #define DEEPINFER_WORKER_BACKEND_CUDA_CUDA_FP8_TEST_MATRIX_H_
 
@@ -61,6 +61,35 @@ inline Fp8Matrix RandomFp8Matrix(Backend* gpu, int64_t n, int64_t k, int64_t spl
   m.scales = gpu->Allocate(scales.size() * sizeof(float));
   gpu->CopyToDevice(scales.data(), scales.size() * sizeof(float), m.scales->data());
   return m;
+}
+
+// Random routed experts for RoutedExpertsArgs: expert e's gate_up [2 inter, hidden] (stacked at
+// inter) and down [hidden, inter], drawn expert by expert, gate_up first; the weight and scale
+// pointers in slot order (expert e at slot_of_expert[e]).
+struct Fp8Experts {
+  std::vector<Fp8Matrix> gate_up, down;  // by expert
+  std::vector<const void*> gate_up_ptr, down_ptr, gate_up_scales, down_scales;  // by slot
+};
+
+inline Fp8Experts RandomFp8Experts(Backend* gpu, int64_t inter, int64_t hidden,
+                                   const std::vector<int32_t>& slot_of_expert,
+                                   std::mt19937* gen) {
+  const size_t experts = slot_of_expert.size();
+  Fp8Experts x;
+  x.gate_up_ptr.resize(experts);
+  x.down_ptr.resize(experts);
+  x.gate_up_scales.resize(experts);
+  x.down_scales.resize(experts);
+  for (size_t e = 0; e < experts; ++e) {
+    x.gate_up.push_back(RandomFp8Matrix(gpu, 2 * inter, hidden, inter, gen));
+    x.down.push_back(RandomFp8Matrix(gpu, hidden, inter, 0, gen));
+    const int32_t slot = slot_of_expert[e];
+    x.gate_up_ptr[slot] = x.gate_up.back().data->data();
+    x.down_ptr[slot] = x.down.back().data->data();
+    x.gate_up_scales[slot] = x.gate_up.back().scales->data();
+    x.down_scales[slot] = x.down.back().scales->data();
+  }
+  return x;
 }
 
 // The activations as a W8A8 GEMM reads them: per row and 128-wide block, s = max(amax / 448,
