@@ -76,13 +76,17 @@ void DenseShapes(const std::vector<GemmShape>& shapes, const std::vector<int64_t
     float* a = bench::Upload(bench::Uniform(16 * s.k, 7));
     float* out = DeviceAlloc<float>(16 * s.n * sizeof(float));
     for (int64_t m : ms) {
-      const double fp8_us = GraphMicros(copies, [&](int c, cudaStream_t st) {
+      // Weight copy c's product of m rows (the kernel's defaults).
+      auto small_m = [&](int c) {
         kernels::Fp8SmallMGemmParams p;
         p.m = m, p.n = s.n, p.k = s.k, p.a = a, p.lda = s.k;
         p.w.data = w8[c], p.w.ldw = s.k, p.w.scales = sc[c];
         p.w.scale_ld = kernels::Fp8ScaleCols(s.k);
         p.c = out, p.ldc = s.n;
-        return kernels::Fp8SmallMGemm(p, st);
+        return p;
+      };
+      const double fp8_us = GraphMicros(copies, [&](int c, cudaStream_t st) {
+        return kernels::Fp8SmallMGemm(small_m(c), st);
       });
       std::printf("%-15s n=%6ld k=%6ld m=%2ld  fp8 small-m %8.2f us %7.0f GB/s", s.name,
                   static_cast<long>(s.n), static_cast<long>(s.k), static_cast<long>(m), fp8_us,
@@ -93,11 +97,7 @@ void DenseShapes(const std::vector<GemmShape>& shapes, const std::vector<int64_t
         for (const kernels::Fp8GemvForm form :
              {kernels::Fp8GemvForm::kPipelined1, kernels::Fp8GemvForm::kPipelined2}) {
           const double us = GraphMicros(copies, [&](int c, cudaStream_t st) {
-            kernels::Fp8SmallMGemmParams p;
-            p.m = m, p.n = s.n, p.k = s.k, p.a = a, p.lda = s.k;
-            p.w.data = w8[c], p.w.ldw = s.k, p.w.scales = sc[c];
-            p.w.scale_ld = kernels::Fp8ScaleCols(s.k);
-            p.c = out, p.ldc = s.n;
+            kernels::Fp8SmallMGemmParams p = small_m(c);
             p.gemv_form = form;
             return kernels::Fp8SmallMGemm(p, st);
           });
@@ -108,11 +108,7 @@ void DenseShapes(const std::vector<GemmShape>& shapes, const std::vector<int64_t
         std::printf("   ksplit 1/2/4/8");
         for (int ksplit = 1; ksplit <= 8; ksplit *= 2) {
           const double us = GraphMicros(copies, [&](int c, cudaStream_t st) {
-            kernels::Fp8SmallMGemmParams p;
-            p.m = m, p.n = s.n, p.k = s.k, p.a = a, p.lda = s.k;
-            p.w.data = w8[c], p.w.ldw = s.k, p.w.scales = sc[c];
-            p.w.scale_ld = kernels::Fp8ScaleCols(s.k);
-            p.c = out, p.ldc = s.n;
+            kernels::Fp8SmallMGemmParams p = small_m(c);
             p.gemv_ksplit = ksplit;
             return kernels::Fp8SmallMGemm(p, st);
           });
