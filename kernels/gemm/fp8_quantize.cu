@@ -1,10 +1,13 @@
 // Activation quantisation to e4m3 per 128-wide block: see fp8_quantize.h. One warp per row (a
 // source row when scattered), four 128-wide blocks an iteration, eight lanes a block, sixteen
-// contiguous values a lane: 16-byte loads of a (four for fp32, two for bf16, four or eight for
-// SwiGLU's bf16 or fp32 gate and up) and one 16-byte store of e4m3 bytes per lane and destination
-// row. A row's group (its scales' place) is looked up once per warp, a scattered row's
-// destinations too (lane j holds destination j). Fewer rows than kTargetWarps (decode): each
-// row's iterations split over up to that many warps, so a few long rows still fill the GPU.
+// contiguous values a lane: 16-byte read-only streaming loads of a (not kept in L1; four for
+// fp32, two for bf16, four or eight for SwiGLU's bf16 or fp32 gate and up) and one 16-byte store
+// of e4m3 bytes per lane and destination row. A block's sixteen divisions by its scale share one
+// reciprocal (DivideByScale). A row's group (its scales' place) is looked up once per warp, a
+// scattered row's destinations too (lane j holds destination j). Fewer rows than kTargetWarps
+// (decode): each row's iterations split over up to that many warps, so a few long rows still
+// fill the GPU. More rows, not scattered, with a block count not a multiple of 4 (Moonlight's
+// 1408 and 2816 intermediates: 11 and 22): tiles of 4 or 2 rows a warp (QuantizeTileKernel).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -12,6 +15,7 @@
 #include <algorithm>
 #include <cfloat>
 
+#include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/fp8_quantize.h"
 
 namespace deepinfer {
@@ -74,7 +78,7 @@ __device__ __forceinline__ void LoadF32x16(const float* r, float x[kValues]) {
   const float4* r4 = reinterpret_cast<const float4*>(r);
   float4 v[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = r4[i];
+  for (int i = 0; i < 4; ++i) v[i] = LoadStreamingFloat4(r4 + i);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     x[4 * i] = v[i].x;
@@ -100,7 +104,8 @@ __device__ __forceinline__ void Load16(const Fp8QuantizeParams& p, int64_t row, 
         reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) + row * p.lda + col);
     const uint4* u =
         reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) + row * p.lda + p.k + col);
-    const uint4 g0 = g[0], g1 = g[1], u0 = u[0], u1 = u[1];
+    const uint4 g0 = LoadStreaming16(g), g1 = LoadStreaming16(g + 1);
+    const uint4 u0 = LoadStreaming16(u), u1 = LoadStreaming16(u + 1);
     float gf[kValues], uf[kValues];
     Widen8(g0, gf);
     Widen8(g1, gf + 8);
@@ -111,7 +116,7 @@ __device__ __forceinline__ void Load16(const Fp8QuantizeParams& p, int64_t row, 
   } else if constexpr (kSource == Source::kBf16) {
     const uint4* r =
         reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.a) + row * p.lda + col);
-    const uint4 v0 = r[0], v1 = r[1];
+    const uint4 v0 = LoadStreaming16(r), v1 = LoadStreaming16(r + 1);
     Widen8(v0, x);
     Widen8(v1, x + 8);
   } else {
@@ -123,10 +128,35 @@ __device__ __forceinline__ void Load16(const Fp8QuantizeParams& p, int64_t row, 
   }
 }
 
+// x / s rounded to nearest even, as __fdiv_rn(x, s), from r = 1 / s rounded to nearest even: the
+// quotient x * r corrected twice by its exact residual (an FMA). Markstein's theorem: a quotient
+// within 1 ulp corrected with the correctly rounded reciprocal is the correctly rounded quotient;
+// the first correction brings x * r (within 1.5 ulp) within 1 ulp. Exact residuals need no
+// underflow: callers keep s in [kFastScaleMin, kFastScaleMax], where every quotient e4m3 can tell
+// apart from zero (|x / s| >= 2^-11) has normal operands and residuals. A zero x keeps its sign.
+constexpr float kFastScaleMin = 0x1p-80f, kFastScaleMax = 0x1p100f;
+
+__device__ __forceinline__ float DivideByScale(float x, float s, float r) {
+  float q = __fmul_rn(x, r);
+  q = __fmaf_rn(__fmaf_rn(-s, q, x), r, q);
+  q = __fmaf_rn(__fmaf_rn(-s, q, x), r, q);
+  return x == 0.0f ? x : q;
+}
+
+__device__ __forceinline__ uint32_t PackE4m3x4(float a, float b, float c, float d) {
+  const __nv_fp8x2_storage_t lo =
+      __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const __nv_fp8x2_storage_t hi =
+      __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
 // The eight lanes' 128-wide block (sixteen values a lane; the lanes of a block are 8-aligned in
 // the warp, every lane of the warp calls it): its scale (1 for a padding row) and the lane's
-// sixteen e4m3 bytes (zeros for a padding row).
-__device__ __forceinline__ float QuantizeBlock(const float x[kValues], bool real, uint4* packed) {
+// sixteen e4m3 bytes (zeros for a padding row). The sixteen divisions by the scale share one
+// reciprocal (DivideByScale) unless the scale is outside its range (an all-zero or tiny block:
+// IEEE divisions, the same quotients).
+__device__ __forceinline__ float QuantizeBlock(float x[kValues], bool real, uint4* packed) {
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kValues; ++i) amax = fmaxf(amax, fabsf(x[i]));
@@ -135,16 +165,17 @@ __device__ __forceinline__ float QuantizeBlock(const float x[kValues], bool real
   const float s = real ? fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN) : 1.0f;
   uint32_t w[4] = {0, 0, 0, 0};
   if (real) {
+    if (s >= kFastScaleMin && s <= kFastScaleMax) {
+      const float r = __frcp_rn(s);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __nv_fp8x2_storage_t lo =
-          __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(x[4 * i], s), __fdiv_rn(x[4 * i + 1], s)),
-                                   __NV_SATFINITE, __NV_E4M3);
-      const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
-          make_float2(__fdiv_rn(x[4 * i + 2], s), __fdiv_rn(x[4 * i + 3], s)), __NV_SATFINITE,
-          __NV_E4M3);
-      w[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+      for (int i = 0; i < kValues; ++i) x[i] = DivideByScale(x[i], s, r);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kValues; ++i) x[i] = __fdiv_rn(x[i], s);
     }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = PackE4m3x4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
   }
   *packed = make_uint4(w[0], w[1], w[2], w[3]);
   return s;
@@ -172,6 +203,47 @@ __global__ void __launch_bounds__(kThreads)
     if (col < p.k) {
       *reinterpret_cast<uint4*>(q_row + col) = packed;
       if (lane % 8 == 0) p.scales[scale_base + (col / kBlock) * scale_stride] = s;
+    }
+  }
+}
+
+// Rows in tiles of rows_per_warp (2 or 4) a warp, not split (many rows), where a row's block
+// count is not a multiple of 4: the tile's rows_per_warp * blocks_per_row blocks (a multiple of
+// 4) in order, four an iteration, so no iteration leaves a lane idle. Lane r < rows_per_warp
+// holds row r's scale place; a block's lanes take theirs with a shuffle. Registers capped for
+// four blocks an SM (32 warps), QuantizeKernel's occupancy.
+constexpr int kTileBlocksPerSm = 4;
+template <Source kSource>
+__global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
+    QuantizeTileKernel(Fp8QuantizeParams p, int blocks_per_row, int rows_per_warp) {
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  const int64_t row0 = warp * rows_per_warp;
+  const int lane = threadIdx.x & 31;
+  if (row0 >= p.m_pad) return;  // whole warps
+  int64_t lane_base = 0, lane_stride = 0;
+  int lane_found = 0;
+  if (lane < rows_per_warp && row0 + lane < p.m_pad) {
+    lane_found = ScalePlace(p, row0 + lane, blocks_per_row, &lane_base, &lane_stride) ? 1 : 0;
+  }
+  const int group = lane / 8, sub = lane % 8;
+  const int tasks = rows_per_warp * blocks_per_row;
+  for (int t0 = 0; t0 < tasks; t0 += 4) {
+    const int t = t0 + group;
+    const int r = (t >= blocks_per_row) + (t >= 2 * blocks_per_row) + (t >= 3 * blocks_per_row);
+    const int kb = t - r * blocks_per_row;
+    const int64_t row = row0 + r;
+    const int64_t base = __shfl_sync(0xFFFFFFFFu, lane_base, r);
+    const int64_t stride = __shfl_sync(0xFFFFFFFFu, lane_stride, r);
+    const bool found = __shfl_sync(0xFFFFFFFFu, lane_found, r) != 0;
+    const bool real = found && row < p.m;
+    const int64_t col = static_cast<int64_t>(kb) * kBlock + kValues * sub;
+    float x[kValues] = {};
+    if (real && col < p.k) Load16<kSource>(p, row, col, x);
+    uint4 packed;
+    const float s = QuantizeBlock(x, real, &packed);
+    if (found && col < p.k) {
+      *reinterpret_cast<uint4*>(p.q + row * p.ldq + col) = packed;
+      if (sub == 0) p.scales[base + kb * stride] = s;
     }
   }
 }
@@ -209,11 +281,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// rows_per_warp > 1: QuantizeTileKernel (not scattered, splits 1).
 template <Source kSource>
-void Launch(const Fp8QuantizeParams& q, int64_t blocks_per_row, int64_t splits, unsigned grid,
-            cudaStream_t stream) {
+void Launch(const Fp8QuantizeParams& q, int64_t blocks_per_row, int64_t splits, int rows_per_warp,
+            unsigned grid, cudaStream_t stream) {
   if (q.dest_rows != nullptr) {
     QuantizeScatterKernel<kSource><<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
+  } else if (rows_per_warp > 1) {
+    QuantizeTileKernel<kSource>
+        <<<grid, kThreads, 0, stream>>>(q, static_cast<int>(blocks_per_row), rows_per_warp);
   } else {
     QuantizeKernel<kSource><<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
   }
@@ -256,19 +332,28 @@ cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream) {
   const int64_t chunks = (p.k + kChunk - 1) / kChunk;
   const int64_t splits =
       std::min(chunks, std::max<int64_t>(1, (kTargetWarps + launch_rows - 1) / launch_rows));
-  const int64_t grid = (launch_rows * splits + kRowsPerBlock - 1) / kRowsPerBlock;
+  // Many rows (prefill), whole rows a warp, a block count not a multiple of 4: tiles of 2 or 4
+  // rows a warp, a multiple of 4 blocks (QuantizeTileKernel). Decode's few rows keep one a warp.
+  int rows_per_warp = 1;
+  if (q.dest_rows == nullptr && launch_rows >= kTargetWarps && splits == 1 &&
+      blocks_per_row % 4 != 0 && blocks_per_row < (int64_t{1} << 28)) {
+    rows_per_warp = blocks_per_row % 2 != 0 ? 4 : 2;
+  }
+  const int64_t warps =
+      rows_per_warp > 1 ? (launch_rows + rows_per_warp - 1) / rows_per_warp : launch_rows * splits;
+  const int64_t grid = (warps + kRowsPerBlock - 1) / kRowsPerBlock;
   if (grid > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const unsigned g = static_cast<unsigned>(grid);
   if (q.silu_mul && q.a_bf16) {
-    Launch<Source::kSiluMulBf16>(q, blocks_per_row, splits, g, stream);
+    Launch<Source::kSiluMulBf16>(q, blocks_per_row, splits, rows_per_warp, g, stream);
   } else if (q.silu_mul) {
-    Launch<Source::kSiluMulF32>(q, blocks_per_row, splits, g, stream);
+    Launch<Source::kSiluMulF32>(q, blocks_per_row, splits, rows_per_warp, g, stream);
   } else if (q.a_bf16) {
-    Launch<Source::kBf16>(q, blocks_per_row, splits, g, stream);
+    Launch<Source::kBf16>(q, blocks_per_row, splits, rows_per_warp, g, stream);
   } else if (q.round_bf16) {
-    Launch<Source::kF32RoundBf16>(q, blocks_per_row, splits, g, stream);
+    Launch<Source::kF32RoundBf16>(q, blocks_per_row, splits, rows_per_warp, g, stream);
   } else {
-    Launch<Source::kF32>(q, blocks_per_row, splits, g, stream);
+    Launch<Source::kF32>(q, blocks_per_row, splits, rows_per_warp, g, stream);
   }
   return cudaGetLastError();
 }

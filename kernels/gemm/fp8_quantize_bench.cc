@@ -5,7 +5,10 @@
 //    routing, k distinct experts a token, each expert's rows in token order, no padding);
 //  * silu_mul: bf16 [gate | up] rows of every routed row [tokens * k, 2 * inter] quantised as
 //    bf16(silu(g) * u), scales packed per expert;
-//  * plain: the dense GEMMs' operand, [tokens, hidden] fp32 and bf16 rows, plain scale layout.
+//  * plain: the dense GEMMs' operand, [tokens, hidden] fp32 and bf16 rows, plain scale layout;
+//  * silu-dense, silu-shared: bf16 [gate | up] rows of every token for the dense layers' MLP
+//    (Moonlight's intermediate 11264, V3's 18432) and the shared experts together (2816, 2048),
+//    quantised as silu_mul, plain scale layout (SwiGluMlpBf16's pass).
 // Time: median of 20 launches on the default stream (CUDA events around each, bench_util.h's
 // MedianMs). GB/s = (bytes read + bytes written, scales and destination indices included) / time;
 // the H200's HBM peak is 4.8 TB/s. One line per case; exit status 1 on a CUDA error.
@@ -29,6 +32,7 @@ struct Model {
   const char* name;
   int64_t tokens, hidden, inter;
   int32_t experts, top_k;
+  int64_t dense_inter, shared_inter;  // the dense layers' MLP, the shared experts' together
 };
 
 // bf16 bits of n values in [-4, 4) (truncated from fp32).
@@ -118,6 +122,21 @@ void RunModel(const Model& m) {
     Report(m.name, bf16 ? "plain-bf16" : "plain-fp32", T, H,
            T * H * (bf16 ? 2.0 : 4.0) + T * (H + h_blocks * 4.0), ms);
   }
+
+  // The dense MLP's and the shared experts' SiLU-mul quantisation (SwiGluMlpBf16): bf16 [gate |
+  // up] rows of every token, plain scale layout.
+  const int64_t widest = std::max(m.dense_inter, m.shared_inter);
+  uint16_t* dense_gu = bench::Upload(Bf16Bits(T * 2 * widest, 4));
+  uint8_t* dense_q = DeviceAlloc<uint8_t>(T * widest);
+  float* dense_scales = DeviceAlloc<float>(T * ((widest + 127) / 128) * sizeof(float));
+  for (int64_t inter : {m.dense_inter, m.shared_inter}) {
+    kernels::Fp8QuantizeParams d;
+    d.m = T, d.k = inter, d.a = dense_gu, d.a_bf16 = true, d.silu_mul = true;
+    d.lda = 2 * inter, d.q = dense_q, d.ldq = inter, d.scales = dense_scales, d.m_pad = T;
+    ms = bench::MedianMs([&] { return kernels::Fp8QuantizeRows(d, nullptr); });
+    Report(m.name, inter == m.dense_inter ? "silu-dense" : "silu-shared", T, inter,
+           T * (2 * inter * 2.0 + inter + (inter + 127) / 128 * 4.0), ms);
+  }
 }
 
 }  // namespace
@@ -125,8 +144,8 @@ void RunModel(const Model& m) {
 
 int main() {
   using deepinfer::Model;
-  for (const Model& m :
-       {Model{"moonlight", 32768, 2048, 1408, 64, 6}, Model{"v3", 8192, 7168, 2048, 256, 8}}) {
+  for (const Model& m : {Model{"moonlight", 32768, 2048, 1408, 64, 6, 11264, 2816},
+                         Model{"v3", 8192, 7168, 2048, 256, 8, 18432, 2048}}) {
     deepinfer::RunModel(m);
   }
   return 0;

@@ -1,14 +1,15 @@
 // Fp8QuantizeRows against the scheme computed on the host: the scale in float (amax / 448, at
-// least FLT_MIN), each value divided by it in float and encoded by the loader's e4m3 encoder
-// (worker/model/dtype_conversion.h: nearest even, saturating at 448). Both sides round the same
-// IEEE operations, so bytes and scales must match exactly. AddRowsF32 against plain copies.
-// Skips itself without a GPU.
+// least FLT_MIN), each value divided by it in float (IEEE division) and encoded by the loader's
+// e4m3 encoder (worker/model/dtype_conversion.h: nearest even, saturating at 448). Both sides round
+// the same IEEE operations, so bytes and scales must match exactly. AddRowsF32 against plain
+// copies. Skips itself without a GPU.
 #include "kernels/gemm/fp8_quantize.h"
 
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -43,6 +44,13 @@ TEST_P(Fp8QuantizeRowsTest, MatchesTheHostScheme) {
     a[1 * lda + p] *= std::ldexp(1.0f, (p / 128) % 40 - 20);
   if (t.m > 2) {
     for (int64_t p = 0; p < std::min<int64_t>(t.k, 128); ++p) a[2 * lda + p] = 0.0f;
+  }
+  // Blocks whose scales straddle both ends of the range the kernel divides through a shared
+  // reciprocal ([2^-80, 2^100]; IEEE divisions outside): the bytes must not tell them apart.
+  if (t.m > 3) {
+    static constexpr int kExponents[] = {-126, -120, -74, -73, -72, -60, 100, 105, 106, 110};
+    for (int64_t p = 0; p < t.k; ++p)
+      a[3 * lda + p] *= std::ldexp(1.0f, kExponents[(p / 128) % 10]);
   }
   if (t.a_bf16) {
     for (float& x : a) x = RoundToBf16(x);
@@ -95,10 +103,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8QuantizeRowsTest,
                                            Case{5, 208, 8, 8, true}, Case{64, 1408, 0, 64, true},
                                            Case{7, 7168, 4, 12, false}, Case{0, 256, 0, 4, false},
                                            // A row's iterations split over warps unevenly (14
-                                           // over 9, 3 over 2), and not split (8192 rows on).
+                                           // over 9, 3 over 2), and not split (8192 rows on:
+                                           // 9, 11 or 22 blocks a row in tiles of 4, 4 and 2
+                                           // rows a warp, the last tile past m_pad or not).
                                            Case{1000, 7168, 0, 1000, false},
                                            Case{4300, 1408, 0, 4304, true},
-                                           Case{8200, 1040, 0, 8208, false}));
+                                           Case{8200, 1040, 0, 8208, false},
+                                           Case{8193, 1408, 0, 8194, true},
+                                           Case{8191, 2816, 16, 8193, false}));
 
 // Grouped rows: each group's scales packed for its own rows at offsets[g] * blocks; rows past
 // the last group untouched.
@@ -279,15 +291,19 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8QuantizeRowsScatterTest,
 // gate_up), the value quantised bf16(silu(g) * u) as SiluMulBf16 and SiluMulF32ToBf16 round it
 // (expf on the host and the device may differ by an ulp: a block holding a product that close
 // to a bf16 rounding boundary is checked only loosely).
-class Fp8QuantizeRowsSiluMulTest : public ::testing::TestWithParam<bool> {};
+// 12 rows: a warp a row; 8202 rows (prefill): tiles of four rows a warp (1408 columns: 11
+// blocks a row), the last tile past the rows.
+class Fp8QuantizeRowsSiluMulTest : public ::testing::TestWithParam<std::tuple<bool, int64_t>> {};
 
 TEST_P(Fp8QuantizeRowsSiluMulTest, QuantisesTheRoundedProduct) {
   DEEPINFER_SKIP_WITHOUT_GPU();
-  const bool a_bf16 = GetParam();
+  const bool a_bf16 = std::get<0>(GetParam());
+  const int64_t m = std::get<1>(GetParam());
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed << (a_bf16 ? " bf16" : " fp32"));
-  const int64_t m = 12, k = 1408, lda = 2 * k, blocks = Fp8ScaleCols(k);
-  const std::vector<int32_t> offsets = {0, 4, 4, 12};
+  SCOPED_TRACE(::testing::Message()
+               << "seed " << seed << (a_bf16 ? " bf16" : " fp32") << " m " << m);
+  const int64_t k = 1408, lda = 2 * k, blocks = Fp8ScaleCols(k);
+  const std::vector<int32_t> offsets = {0, 4, 4, static_cast<int32_t>(m)};
   const int32_t groups = 3;
   std::vector<float> a = testing::RandomFloats(m * lda, seed, 4.0f);
   if (a_bf16) {
@@ -354,7 +370,9 @@ TEST_P(Fp8QuantizeRowsSiluMulTest, QuantisesTheRoundedProduct) {
   EXPECT_LE(loose * 4, total) << "too few blocks checked exactly";
 }
 
-INSTANTIATE_TEST_SUITE_P(Inputs, Fp8QuantizeRowsSiluMulTest, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(Inputs, Fp8QuantizeRowsSiluMulTest,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(int64_t{12}, int64_t{8202})));
 
 TEST(Fp8QuantizeRowsArgsTest, RejectsBadLayouts) {
   Fp8QuantizeParams p;  // all zero

@@ -138,7 +138,7 @@ tools=(//tools/bench:deepinfer-bench)
   //kernels/attention:mla_attention_bench //kernels/attention:mla_decode_small_bench
   //kernels/attention:mla_prefill_bench //kernels/attention:mha_prefill_bench
   //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
-  //kernels/gemm:fp8_block_gemm_bench
+  //kernels/gemm:fp8_block_gemm_bench //kernels/gemm:fp8_quantize_bench
   //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench
   //kernels/v4:sink_attention_bench //kernels/v4:indexer_topk_bench //kernels/norm:rms_norm_bench
   //kernels/v4:hyper_connection_bench

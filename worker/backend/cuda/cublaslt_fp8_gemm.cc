@@ -1,6 +1,8 @@
 #include "worker/backend/cuda/cublaslt_fp8_gemm.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +29,8 @@ struct CublasLtFp8Gemm::Shape {
   bool has_algo = false;
   cublasStatus_t heuristic_status = CUBLAS_STATUS_NOT_INITIALIZED;
   cublasLtMatmulAlgo_t algo;
+  // The candidates Run times at the shape's first launch outside capture (empty: none to time).
+  std::vector<cublasLtMatmulAlgo_t> untimed;
   ~Shape() {
     if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
     if (q != nullptr) cublasLtMatrixLayoutDestroy(q);
@@ -36,15 +40,21 @@ struct CublasLtFp8Gemm::Shape {
 };
 
 absl::StatusOr<std::unique_ptr<CublasLtFp8Gemm>> CublasLtFp8Gemm::Create(void* workspace,
-                                                                         size_t workspace_bytes) {
+                                                                         size_t workspace_bytes,
+                                                                         bool time_large_shapes) {
   cublasLtHandle_t lt = nullptr;
   absl::Status st = LtStatus(cublasLtCreate(&lt), "cublasLtCreate");
   if (!st.ok()) return st;
-  return std::unique_ptr<CublasLtFp8Gemm>(new CublasLtFp8Gemm(lt, workspace, workspace_bytes));
+  return std::unique_ptr<CublasLtFp8Gemm>(
+      new CublasLtFp8Gemm(lt, workspace, workspace_bytes, time_large_shapes));
 }
 
-CublasLtFp8Gemm::CublasLtFp8Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes)
-    : lt_(lt), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
+CublasLtFp8Gemm::CublasLtFp8Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes,
+                                 bool time_large_shapes)
+    : lt_(lt),
+      workspace_(workspace),
+      workspace_bytes_(workspace_bytes),
+      time_large_shapes_(time_large_shapes) {}
 
 CublasLtFp8Gemm::~CublasLtFp8Gemm() {
   shapes_.clear();
@@ -81,10 +91,11 @@ bool CublasLtFp8Gemm::TakesLayout(const Fp8LtGemm& g) {
 bool CublasLtFp8Gemm::Takes(const Fp8LtGemm& g) {
   return TakesLayout(g) && g.q != nullptr && Aligned16(g.q) && g.q_scales != nullptr &&
          Aligned16(g.q_scales) && g.w.data != nullptr && Aligned16(g.w.data) &&
-         g.w.scales != nullptr && Aligned16(g.w.scales) && g.d != nullptr && Aligned16(g.d);
+         g.w.scales != nullptr && Aligned16(g.w.scales) && g.d != nullptr && Aligned16(g.d) &&
+         Aligned16(g.timing_d);
 }
 
-absl::StatusOr<const CublasLtFp8Gemm::Shape*> CublasLtFp8Gemm::ShapeFor(const Fp8LtGemm& g) {
+absl::StatusOr<CublasLtFp8Gemm::Shape*> CublasLtFp8Gemm::ShapeFor(const Fp8LtGemm& g) {
   const int64_t m = SizeClass(g.m);
   const Key key{m, g.n, g.k, g.ldq, g.w.ldw, g.ldd, g.d_bf16, g.accumulate};
   auto found = shapes_.find(key);
@@ -128,17 +139,20 @@ absl::StatusOr<const CublasLtFp8Gemm::Shape*> CublasLtFp8Gemm::ShapeFor(const Fp
                   "cublasLtMatrixLayoutCreate(D)");
   }
   if (!st.ok()) return st;
-  auto pick = AskHeuristic(*s);
+  const bool timed = time_large_shapes_ && m >= kTimedMinRows;
+  auto pick = AskHeuristic(*s, timed ? kCandidates : 1);
   if (!pick.ok()) return pick.status();
   s->heuristic_status = pick->status;
   s->has_algo = pick->found;
   if (s->has_algo) s->algo = pick->algo;
-  const Shape* out = s.get();
+  if (timed && pick->candidates.size() > 1) s->untimed = std::move(pick->candidates);
+  Shape* out = s.get();
   shapes_.emplace(key, std::move(s));
   return out;
 }
 
-absl::StatusOr<CublasLtFp8Gemm::HeuristicPick> CublasLtFp8Gemm::AskHeuristic(const Shape& s) {
+absl::StatusOr<CublasLtFp8Gemm::HeuristicPick> CublasLtFp8Gemm::AskHeuristic(const Shape& s,
+                                                                             int count) {
   cublasLtMatmulPreference_t pref = nullptr;
   absl::Status st =
       LtStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
@@ -149,26 +163,92 @@ absl::StatusOr<CublasLtFp8Gemm::HeuristicPick> CublasLtFp8Gemm::AskHeuristic(con
         "cublasLtMatmulPreferenceSetAttribute");
   }
   HeuristicPick pick;
-  cublasLtMatmulHeuristicResult_t result;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(std::max(count, 1));
   int found_algos = 0;
   if (st.ok()) {
     // A refusal (NOT_SUPPORTED: no such kernels on this device or cuBLAS; INVALID_VALUE: a
     // layout it does not take) is an answer, not an error: the caller takes another path.
-    pick.status = cublasLtMatmulAlgoGetHeuristic(lt_, s.op, s.w, s.q, s.d, s.d, pref, 1, &result,
+    pick.status = cublasLtMatmulAlgoGetHeuristic(lt_, s.op, s.w, s.q, s.d, s.d, pref,
+                                                 static_cast<int>(results.size()), results.data(),
                                                  &found_algos);
   }
   if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
   if (!st.ok()) return st;
-  pick.found = pick.status == CUBLAS_STATUS_SUCCESS && found_algos > 0 &&
-               result.state == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= workspace_bytes_;
-  if (pick.found) pick.algo = result.algo;
+  if (pick.status == CUBLAS_STATUS_SUCCESS) {
+    for (int i = 0; i < found_algos && i < static_cast<int>(results.size()); ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS &&
+          results[i].workspaceSize <= workspace_bytes_) {
+        pick.candidates.push_back(results[i].algo);
+      }
+    }
+  }
+  pick.found = !pick.candidates.empty();
+  if (pick.found) pick.algo = pick.candidates.front();
   return pick;
+}
+
+cublasStatus_t CublasLtFp8Gemm::Matmul(const Shape& s, const Fp8LtGemm& g,
+                                       const cublasLtMatmulAlgo_t* algo, void* d,
+                                       cudaStream_t stream) {
+  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+  return cublasLtMatmul(lt_, s.op, &alpha, g.w.data, s.w, g.q, s.q, &beta, g.d, s.d, d, s.d, algo,
+                        workspace_, workspace_bytes_, stream);
+}
+
+absl::Status CublasLtFp8Gemm::TimeCandidates(Shape* s, const Fp8LtGemm& g, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    return absl::InternalError("CublasLtFp8Gemm: cudaStreamIsCapturing failed");
+  }
+  if (capture != cudaStreamCaptureStatusNone) return absl::OkStatus();
+  // With accumulate the candidates write timing_d (d read as the addend, left as it was).
+  void* const out = g.accumulate ? g.timing_d : g.d;
+  if (out == nullptr) return absl::OkStatus();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+    if (start != nullptr) cudaEventDestroy(start);
+    return absl::InternalError("CublasLtFp8Gemm: cudaEventCreate failed");
+  }
+  absl::Status st;
+  int best = -1;
+  float best_ms = 0.0f;
+  for (size_t c = 0; c < s->untimed.size() && st.ok(); ++c) {
+    const cublasLtMatmulAlgo_t* algo = &s->untimed[c];
+    cublasStatus_t status = Matmul(*s, g, algo, out, stream);  // warm-up
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
+      continue;  // not at this m: another candidate
+    }
+    st = LtStatus(status, "cublasLtMatmul(FP8 block-scaled, timing)");
+    if (st.ok() && cudaEventRecord(start, stream) != cudaSuccess) {
+      st = absl::InternalError("CublasLtFp8Gemm: cudaEventRecord failed");
+    }
+    for (int r = 0; r < kTimedRuns && st.ok(); ++r) {
+      st = LtStatus(Matmul(*s, g, algo, out, stream), "cublasLtMatmul(FP8 block-scaled, timing)");
+    }
+    float ms = 0.0f;
+    if (st.ok() && (cudaEventRecord(stop, stream) != cudaSuccess ||
+                    cudaEventSynchronize(stop) != cudaSuccess ||
+                    cudaEventElapsedTime(&ms, start, stop) != cudaSuccess)) {
+      st = absl::InternalError("CublasLtFp8Gemm: timing events failed");
+    }
+    if (st.ok() && (best < 0 || ms < best_ms)) {
+      best = static_cast<int>(c);
+      best_ms = ms;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (!st.ok()) return st;
+  if (best >= 0) s->algo = s->untimed[best];
+  s->untimed.clear();
+  ++timed_shapes_;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> CublasLtFp8Gemm::RunOne(const Fp8LtGemm& g, cudaStream_t stream) {
   auto shape = ShapeFor(g);
   if (!shape.ok()) return shape.status();
-  const Shape& s = **shape;
+  Shape& s = **shape;
   if (!s.has_algo) return false;
   absl::Status st =
       LtStatus(cublasLtMatmulDescSetAttribute(s.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
@@ -188,19 +268,15 @@ absl::StatusOr<bool> CublasLtFp8Gemm::RunOne(const Fp8LtGemm& g, cudaStream_t st
                     "cublasLtMatrixLayoutSetAttribute(COLS)");
     }
   }
+  if (st.ok() && !s.untimed.empty()) st = TimeCandidates(&s, g, stream);
   if (!st.ok()) return st;
-  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
-  auto matmul = [&](const cublasLtMatmulAlgo_t* algo) {
-    return cublasLtMatmul(lt_, s.op, &alpha, g.w.data, s.w, g.q, s.q, &beta, g.d, s.d, g.d, s.d,
-                          algo, workspace_, workspace_bytes_, stream);
-  };
-  cublasStatus_t status = matmul(&s.algo);
+  cublasStatus_t status = Matmul(s, g, &s.algo, g.d, stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
     // The size class's algorithm does not take this m: the heuristic's first for m itself.
-    auto pick = AskHeuristic(s);
+    auto pick = AskHeuristic(s, 1);
     if (!pick.ok()) return pick.status();
     if (!pick->found) return false;
-    status = matmul(&pick->algo);
+    status = Matmul(s, g, &pick->algo, g.d, stream);
   }
   st = LtStatus(status, "cublasLtMatmul(FP8 block-scaled)");
   if (!st.ok()) return st;
@@ -222,6 +298,7 @@ int CublasLtFp8Gemm::Parts(const Fp8LtGemm& g, Fp8LtGemm parts[2]) {
     parts[1].w.scales = g.w.scales + kernels::Fp8ScaleRow(split, split) * g.w.scale_ld;
   }
   if (g.d != nullptr) parts[1].d = static_cast<char*>(g.d) + split * d_elem;
+  if (g.timing_d != nullptr) parts[1].timing_d = static_cast<char*>(g.timing_d) + split * d_elem;
   return 2;
 }
 
@@ -254,6 +331,19 @@ absl::StatusOr<bool> CublasLtFp8Gemm::Ready(const Fp8LtGemm& g) {
     if (!(*shape)->has_algo) return false;
   }
   return true;
+}
+
+bool CublasLtFp8Gemm::NeedsTimingBuffer(const Fp8LtGemm& g) const {
+  if (!g.accumulate || !TakesLayout(g)) return false;
+  Fp8LtGemm parts[2];
+  const int count = Parts(g, parts);
+  for (int i = 0; i < count; ++i) {
+    const Fp8LtGemm& p = parts[i];
+    auto found =
+        shapes_.find(Key{SizeClass(p.m), p.n, p.k, p.ldq, p.w.ldw, p.ldd, p.d_bf16, p.accumulate});
+    if (found != shapes_.end() && !found->second->untimed.empty()) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<bool> CublasLtFp8Gemm::Run(const Fp8LtGemm& g, cudaStream_t stream) {

@@ -87,8 +87,9 @@ class CublasLtFp8GemmTest : public ::testing::TestWithParam<Case> {
   std::unique_ptr<CublasLtFp8Gemm> gemm_;
 };
 
-// Runs t on `gemm` and checks every output value against the host's W8A8 product.
-void RunAndCheck(CublasLtFp8Gemm* gemm, const Case& t) {
+// Runs t on `gemm` and checks every output value against the host's W8A8 product; with
+// timing_buffer, g.timing_d is set where the gemm asks for it (NeedsTimingBuffer).
+void RunAndCheck(CublasLtFp8Gemm* gemm, const Case& t, bool timing_buffer = false) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " m " << t.m << " n " << t.n << " k "
                                     << t.k << " split " << t.split);
@@ -125,6 +126,10 @@ void RunAndCheck(CublasLtFp8Gemm* gemm, const Case& t) {
   g.ldd = ldd;
   g.accumulate = t.accumulate;
   ASSERT_TRUE(CublasLtFp8Gemm::Takes(g));
+  auto ready = gemm->Ready(g);
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  DeviceArray<float> timing(t.m * ldd);  // room for either output type
+  if (timing_buffer && gemm->NeedsTimingBuffer(g)) g.timing_d = timing.get();
   auto ran = gemm->Run(g, nullptr);
   ASSERT_TRUE(ran.ok()) << ran.status();
   ASSERT_TRUE(*ran) << "cuBLASLt offered no block-scaled FP8 algorithm on a compute capability "
@@ -175,6 +180,30 @@ TEST_F(CublasLtFp8GemmTest, SizesOfOneClassShareAShape) {
     ASSERT_NO_FATAL_FAILURE(RunAndCheck(gemm_.get(), Case{m, 2816, 2048, 1408, 0, true, false}));
   }
   EXPECT_EQ(gemm_->shapes(), 3u);  // classes 512, 16 and 4
+}
+
+// Classes from kTimedMinRows rows take the fastest of the heuristic's candidates, timed at their
+// first Run (at most one timing per class; with accumulate only where the caller gives a timing
+// buffer, d left as it was): every size of the class, and the later calls, still the host's
+// product (an accumulating timing that touched d would add the product more than once).
+TEST_F(CublasLtFp8GemmTest, TimedClassesStayCorrect) {
+  const int64_t m0 = CublasLtFp8Gemm::kTimedMinRows + 76;
+  ASSERT_EQ(CublasLtFp8Gemm::SizeClass(m0), CublasLtFp8Gemm::SizeClass(m0 + 100));
+  for (int64_t m : {m0, m0 + 100, m0}) {
+    SCOPED_TRACE(::testing::Message() << "m " << m);
+    ASSERT_NO_FATAL_FAILURE(RunAndCheck(gemm_.get(), Case{m, 512, 1408, 0, 0, true, false}));
+  }
+  const size_t plain_timed = gemm_->timed_shapes();
+  EXPECT_LE(plain_timed, 1u);
+  const Case acc{m0, 512, 1408, 0, 0, false, true};
+  ASSERT_NO_FATAL_FAILURE(RunAndCheck(gemm_.get(), acc));  // no buffer: not timed yet
+  EXPECT_EQ(gemm_->timed_shapes(), plain_timed);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(::testing::Message() << "accumulate with a timing buffer, round " << round);
+    ASSERT_NO_FATAL_FAILURE(RunAndCheck(gemm_.get(), acc, /*timing_buffer=*/true));
+  }
+  EXPECT_LE(gemm_->timed_shapes(), plain_timed + 1);
+  EXPECT_EQ(gemm_->shapes(), 2u);
 }
 
 INSTANTIATE_TEST_SUITE_P(

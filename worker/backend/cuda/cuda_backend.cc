@@ -186,9 +186,10 @@ CudaBackend::CudaBackend(int device, WeightDType weight_dtype, const CudaTuning&
       route_tile_counters_(route_tile_counters),
       v4_ops_(std::make_unique<CudaV4Ops>(this)) {
   // Made here, never while a stream is captured; a device or cuBLASLt without it keeps the
-  // other FP8 paths.
+  // other FP8 paths. Its prefill shapes are timed as the bf16 ones (CudaTuning::gemm_autotune).
   if (CublasLtFp8Gemm::DeviceSupports(device)) {
-    auto made = CublasLtFp8Gemm::Create(cublas_workspace_, kCublasWorkspaceBytes);
+    auto made =
+        CublasLtFp8Gemm::Create(cublas_workspace_, kCublasWorkspaceBytes, tuning_.gemm_autotune);
     if (made.ok()) lt_fp8_ = std::move(made).value();
   }
 }

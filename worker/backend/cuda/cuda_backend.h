@@ -84,7 +84,8 @@ struct CudaTuning {
   // a scratch one with accumulate; once per bucket of m). The 27-layer Moonlight prefill 32 x 1024
   // measured 0.3312 / 0.3323 s off, 0.3209 / 0.3245 s on (same call; docs/cuda/prefill.md); off:
   // cublasGemmEx. The timed pick can differ between processes (so can the GEMMs' bits): off for
-  // run-to-run reproducible prefill (the worker's --gemm-autotune=false).
+  // run-to-run reproducible prefill (the worker's --gemm-autotune=false). It also decides whether
+  // the FP8 W8A8 GEMMs' prefill shapes are timed (CublasLtFp8Gemm::Create's time_large_shapes).
   bool gemm_autotune = true;
   // The longest context (>= 1) at which one decode token's attention runs in the one-launch
   // kernel (kernels::MlaDecodeSmall); longer contexts run the key-split kernel. The H200's break

@@ -84,6 +84,12 @@ void CudaBackend::RunW8A8Gemm(const W8A8Gemm& w8a8, const uint8_t* q, const floa
   }
   g.q = q;
   g.q_scales = q_scales;
+  // An accumulating shape's first prefill call times cuBLASLt's candidates into scratch.
+  std::unique_ptr<DeviceBuffer> timing;
+  if (lt_fp8_->NeedsTimingBuffer(g)) {
+    timing = AllocateScratch(g.m * g.ldd * (g.d_bf16 ? sizeof(uint16_t) : sizeof(float)));
+    g.timing_d = timing->data();
+  }
   auto ran = lt_fp8_->Run(g, stream_);
   if (!Record(ran.status())) return;
   if (!*ran) {
