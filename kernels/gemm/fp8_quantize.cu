@@ -99,7 +99,9 @@ __device__ __forceinline__ bool WarpScalePlace(const Fp8QuantizeParams& p, const
 #pragma unroll
   for (int r = 0; r < kOffsetRounds; ++r) {
     const int g = lane + 32 * r;
-    count += __popc(__ballot_sync(0xFFFFFFFFu, g < p.num_groups && w.o[r] <= row));
+    if (32 * r < p.num_groups) {  // uniform
+      count += __popc(__ballot_sync(0xFFFFFFFFu, g < p.num_groups && w.o[r] <= row));
+    }
   }
   if (row >= OffsetAt(w, p.num_groups)) return false;
   const int g = max(count - 1, 0);
