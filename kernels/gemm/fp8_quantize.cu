@@ -4,16 +4,19 @@
 // fp32, two for bf16, four or eight for SwiGLU's bf16 or fp32 gate and up) and one 16-byte store
 // of e4m3 bytes per lane and destination row. A block's sixteen divisions by its scale share one
 // reciprocal (DivideByScale). A row's group (its scales' place) is looked up once per warp, a
-// scattered row's destinations too (lane j holds destination j). Fewer rows than kTargetWarps
-// (decode): each row's iterations split over up to that many warps, so a few long rows still
-// fill the GPU. More rows, not scattered, with a block count not a multiple of 4 (Moonlight's
-// 1408 and 2816 intermediates: 11 and 22): tiles of 4 or 2 rows a warp (QuantizeTileKernel).
+// scattered row's destinations too (lane j holds destination j), after the warp's first loads of
+// the row are issued: up to 287 groups from the offsets held in the warp's registers (one round
+// of loads and ballots), else by a binary search. Fewer rows than kTargetWarps (decode): each
+// row's iterations split over up to that many warps, so a few long rows still fill the GPU. More
+// rows, not scattered, with a block count not a multiple of 4 (Moonlight's 1408 and 2816
+// intermediates: 11 and 22): tiles of 4 or 2 rows a warp (QuantizeTileKernel).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cfloat>
+#include <climits>
 
 #include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/fp8_quantize.h"
@@ -53,6 +56,62 @@ __device__ __forceinline__ bool ScalePlace(const Fp8QuantizeParams& p, int64_t r
   const int64_t first = __ldg(off + lo), count = __ldg(off + lo + 1) - first;
   *base = first * blocks_per_row + (row - first);
   *stride = count;
+  return true;
+}
+
+// The group offsets [0, num_groups] in a warp's registers (lane l holds offsets[l + 32 r]) when
+// there are few enough groups, so that a row's scale place is one round of loads for the warp
+// (issued beside the row's data loads) instead of a binary search's chain of dependent loads.
+constexpr int kOffsetRounds = 9;  // up to 287 groups (DeepSeek-V3's 256 experts and shared parts)
+
+struct WarpOffsets {
+  int32_t o[kOffsetRounds];
+};
+
+__device__ __forceinline__ bool OffsetsFitWarp(const Fp8QuantizeParams& p) {
+  return p.num_groups + 1 <= 32 * kOffsetRounds;
+}
+
+__device__ __forceinline__ WarpOffsets LoadWarpOffsets(const Fp8QuantizeParams& p, int lane) {
+  WarpOffsets w;
+#pragma unroll
+  for (int r = 0; r < kOffsetRounds; ++r) {
+    const int g = lane + 32 * r;
+    w.o[r] = g <= p.num_groups ? __ldg(p.group_offsets + g) : INT_MAX;
+  }
+  return w;
+}
+
+// offsets[g] (g warp-uniform, <= num_groups; every lane calls it).
+__device__ __forceinline__ int64_t OffsetAt(const WarpOffsets& w, int g) {
+  int32_t v = 0;
+#pragma unroll
+  for (int r = 0; r < kOffsetRounds; ++r) {
+    const int32_t s = __shfl_sync(0xFFFFFFFFu, w.o[r], g & 31);
+    if ((g >> 5) == r) v = s;
+  }
+  return v;
+}
+
+// ScalePlace for a warp-uniform row (every lane calls it) from the offsets in registers: the
+// same place, since for non-decreasing offsets the binary search's group is the number of groups
+// starting at or before the row, minus one.
+__device__ __forceinline__ bool WarpScalePlace(const Fp8QuantizeParams& p, const WarpOffsets& w,
+                                               int lane, int64_t row, int64_t blocks_per_row,
+                                               int64_t* base, int64_t* stride) {
+  int count = 0;
+#pragma unroll
+  for (int r = 0; r < kOffsetRounds; ++r) {
+    const int g = lane + 32 * r;
+    if (32 * r < p.num_groups) {  // uniform
+      count += __popc(__ballot_sync(0xFFFFFFFFu, g < p.num_groups && w.o[r] <= row));
+    }
+  }
+  if (row >= OffsetAt(w, p.num_groups)) return false;
+  const int g = max(count - 1, 0);
+  const int64_t first = OffsetAt(w, g), count_g = OffsetAt(w, g + 1) - first;
+  *base = first * blocks_per_row + (row - first);
+  *stride = count_g;
   return true;
 }
 
@@ -182,28 +241,40 @@ __device__ __forceinline__ float QuantizeBlock(float x[kValues], bool real, uint
 }
 
 // One warp per (row of q, part): iterations part, part + splits, ... of the row quantised in
-// place, scales at the row's place.
+// place, scales at the row's place. The first iteration's loads are issued before the row's
+// scale place is looked up.
 template <Source kSource>
 __global__ void __launch_bounds__(kThreads)
     QuantizeKernel(Fp8QuantizeParams p, int64_t blocks_per_row, int64_t splits) {
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int64_t row = warp / splits, part = warp % splits;
   const int lane = threadIdx.x & 31;
-  if (row >= p.m_pad) return;  // whole warps
-  int64_t scale_base, scale_stride;
-  if (!ScalePlace(p, row, blocks_per_row, &scale_base, &scale_stride)) return;
+  int64_t c0 = part * kChunk;
+  if (row >= p.m_pad || c0 >= p.k) return;  // whole warps
   const bool real = row < p.m;
+  float x[kValues] = {};
+  if (real && c0 + kValues * lane < p.k) Load16<kSource>(p, row, c0 + kValues * lane, x);
+  int64_t scale_base, scale_stride;
+  if (p.group_offsets != nullptr && OffsetsFitWarp(p)) {
+    const WarpOffsets w = LoadWarpOffsets(p, lane);
+    if (!WarpScalePlace(p, w, lane, row, blocks_per_row, &scale_base, &scale_stride)) return;
+  } else if (!ScalePlace(p, row, blocks_per_row, &scale_base, &scale_stride)) {
+    return;
+  }
   uint8_t* const q_row = p.q + row * p.ldq;
-  for (int64_t c0 = part * kChunk; c0 < p.k; c0 += splits * kChunk) {
+  for (;;) {
     const int64_t col = c0 + kValues * lane;
-    float x[kValues] = {};
-    if (real && col < p.k) Load16<kSource>(p, row, col, x);
     uint4 packed;
     const float s = QuantizeBlock(x, real, &packed);
     if (col < p.k) {
       *reinterpret_cast<uint4*>(q_row + col) = packed;
       if (lane % 8 == 0) p.scales[scale_base + (col / kBlock) * scale_stride] = s;
     }
+    c0 += splits * kChunk;
+    if (c0 >= p.k) break;
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) x[i] = 0.0f;
+    if (real && c0 + kValues * lane < p.k) Load16<kSource>(p, row, c0 + kValues * lane, x);
   }
 }
 
@@ -250,23 +321,38 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
 
 // One warp per (source row, part): each of the part's blocks quantised once, written to each of
 // the row's destination rows (lane j < dests_per_row holds destination j's row and scale place).
+// The first iteration's loads are issued before the destinations' scale places are looked up.
 template <Source kSource>
 __global__ void __launch_bounds__(kThreads)
     QuantizeScatterKernel(Fp8QuantizeParams p, int64_t blocks_per_row, int64_t splits) {
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int64_t row = warp / splits, part = warp % splits;
   const int lane = threadIdx.x & 31;
-  if (row >= p.m) return;  // whole warps
+  int64_t c0 = part * kChunk;
+  if (row >= p.m || c0 >= p.k) return;  // whole warps
   const int dests = p.dests_per_row;
-  int64_t dest = -1, scale_base = 0, scale_stride = 0;
-  if (lane < dests) {
-    dest = __ldg(p.dest_rows + row * dests + lane);
-    if (dest >= 0 && !ScalePlace(p, dest, blocks_per_row, &scale_base, &scale_stride)) dest = -1;
+  int64_t dest = lane < dests ? __ldg(p.dest_rows + row * dests + lane) : -1;
+  float x[kValues] = {};
+  if (c0 + kValues * lane < p.k) Load16<kSource>(p, row, c0 + kValues * lane, x);
+  int64_t scale_base = 0, scale_stride = 0;
+  if (OffsetsFitWarp(p)) {
+    const WarpOffsets w = LoadWarpOffsets(p, lane);
+    for (int j = 0; j < dests; ++j) {
+      const int64_t d = __shfl_sync(0xFFFFFFFFu, dest, j);
+      if (d < 0) continue;  // warp-uniform
+      int64_t base, stride;
+      const bool placed = WarpScalePlace(p, w, lane, d, blocks_per_row, &base, &stride);
+      if (lane == j) {
+        dest = placed ? d : -1;
+        scale_base = base;
+        scale_stride = stride;
+      }
+    }
+  } else if (dest >= 0 && !ScalePlace(p, dest, blocks_per_row, &scale_base, &scale_stride)) {
+    dest = -1;
   }
-  for (int64_t c0 = part * kChunk; c0 < p.k; c0 += splits * kChunk) {
+  for (;;) {
     const int64_t col = c0 + kValues * lane;
-    float x[kValues] = {};
-    if (col < p.k) Load16<kSource>(p, row, col, x);
     uint4 packed;
     const float s = QuantizeBlock(x, true, &packed);
     const int64_t kb = col / kBlock;
@@ -278,6 +364,11 @@ __global__ void __launch_bounds__(kThreads)
       *reinterpret_cast<uint4*>(p.q + d * p.ldq + col) = packed;
       if (lane % 8 == 0) p.scales[base + kb * stride] = s;
     }
+    c0 += splits * kChunk;
+    if (c0 >= p.k) break;
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) x[i] = 0.0f;
+    if (c0 + kValues * lane < p.k) Load16<kSource>(p, row, c0 + kValues * lane, x);
   }
 }
 

@@ -9,9 +9,20 @@
 //  * silu-dense, silu-shared: bf16 [gate | up] rows of every token for the dense layers' MLP
 //    (Moonlight's intermediate 11264, V3's 18432) and the shared experts together (2816, 2048),
 //    quantised as silu_mul, plain scale layout (SwiGluMlpBf16's pass).
-// Time: median of 20 launches on the default stream (CUDA events around each, bench_util.h's
-// MedianMs). GB/s = (bytes read + bytes written, scales and destination indices included) / time;
-// the H200's HBM peak is 4.8 TB/s. One line per case; exit status 1 on a CUDA error.
+// And decode at Moonlight's shape, 128 tokens (`decode` lines): the swap-GEMM MoE path's two
+// quantisations of a layer (CudaBackend::RunFp8SwapGroups), 64 routed groups and 2 shared parts
+// of 128 rows each (1024 grouped rows):
+//  * permute: the fp32 token rows rounded to bf16, each written to its 8 rows (round_bf16,
+//    dest_rows; QuantizeScatterKernel<1>);
+//  * silu_mul-f32: bf16(silu(g) * u) of the fp32 [gate | up] rows, 2 x 1408 wide
+//    (QuantizeKernel<4>).
+//   kGraphCalls calls recorded in one CUDA graph; time per call = median graph time /
+//   kGraphCalls. The inputs stay in the L2 between calls, as in a decode step, where the kernel
+//   before the quantisation has just written them.
+// Time (prefill): median of 20 launches on the default stream (CUDA events around each,
+// bench_util.h's MedianMs). GB/s = (bytes read + bytes written, scales and destination indices
+// included) / time; the H200's HBM peak is 4.8 TB/s. One line per case; exit status 1 on a CUDA
+// error.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -139,10 +150,72 @@ void RunModel(const Model& m) {
   }
 }
 
+constexpr int kGraphCalls = 100;
+
+// Microseconds per call of `launch` (on `stream`), kGraphCalls calls in one CUDA graph.
+template <typename Fn>
+double GraphMicrosPerCall(cudaStream_t stream, Fn&& launch) {
+  cudaGraph_t graph;
+  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kGraphCalls; ++i) BENCH_CUDA(launch());
+  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms = bench::MedianMs([&] { return cudaGraphLaunch(exec, nullptr); });
+  BENCH_CUDA(cudaGraphExecDestroy(exec));
+  BENCH_CUDA(cudaGraphDestroy(graph));
+  return ms * 1e3 / kGraphCalls;
+}
+
+void RunDecode() {
+  const Model m{"moonlight", 128, 2048, 1408, 64, 6, 11264, 2816};
+  constexpr int32_t kShared = 2;
+  const int64_t T = m.tokens, H = m.hidden, I = m.inter, K = m.top_k, D = K + kShared;
+  const int64_t rows = T * D, h_blocks = (H + 127) / 128, i_blocks = (I + 127) / 128;
+  std::vector<int32_t> routed, offsets;
+  Route(m, &routed, &offsets);
+  // Shared part s of token t at row T * K + s * T + t, after the routed groups.
+  std::vector<int32_t> dest(T * D);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < D; ++j) {
+      dest[t * D + j] = static_cast<int32_t>(j < K ? routed[t * K + j] : T * K + (j - K) * T + t);
+    }
+  }
+  for (int32_t s = 1; s <= kShared; ++s) offsets.push_back(static_cast<int32_t>(T * K + s * T));
+  const int32_t groups = m.experts + kShared;
+  const int32_t* d_dest = bench::Upload(dest);
+  const int32_t* d_offsets = bench::Upload(offsets);
+  float* hidden = bench::Upload(bench::Uniform(T * H, 1));
+  float* gate_up = bench::Upload(bench::Uniform(rows * 2 * I, 3));
+  uint8_t* q = DeviceAlloc<uint8_t>(rows * std::max(H, I));
+  float* scales = DeviceAlloc<float>(rows * std::max(h_blocks, i_blocks) * sizeof(float));
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  kernels::Fp8QuantizeParams p;
+  p.q = q;
+  p.scales = scales;
+  p.group_offsets = d_offsets;
+  p.num_groups = groups;
+  p.m = T, p.k = H, p.a = hidden, p.round_bf16 = true, p.lda = H, p.ldq = H, p.m_pad = T;
+  p.dest_rows = d_dest, p.dests_per_row = static_cast<int32_t>(D);
+  double us = GraphMicrosPerCall(stream, [&] { return kernels::Fp8QuantizeRows(p, stream); });
+  Report("decode", "permute", T, H,
+         T * H * 4.0 + rows * (H + h_blocks * 4.0) + rows * 4.0 + offsets.size() * 4.0, us * 1e-3);
+
+  p.m = rows, p.k = I, p.a = gate_up, p.round_bf16 = false, p.silu_mul = true;
+  p.lda = 2 * I, p.ldq = I, p.m_pad = rows;
+  p.dest_rows = nullptr, p.dests_per_row = 0;
+  us = GraphMicrosPerCall(stream, [&] { return kernels::Fp8QuantizeRows(p, stream); });
+  Report("decode", "silu_mul-f32", rows, I, rows * (2 * I * 4.0 + I + i_blocks * 4.0), us * 1e-3);
+  BENCH_CUDA(cudaStreamDestroy(stream));
+}
+
 }  // namespace
 }  // namespace deepinfer
 
 int main() {
+  deepinfer::RunDecode();
   using deepinfer::Model;
   for (const Model& m : {Model{"moonlight", 32768, 2048, 1408, 64, 6, 11264, 2816},
                          Model{"v3", 8192, 7168, 2048, 256, 8, 18432, 2048}}) {

@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <tuple>
 #include <vector>
 
@@ -112,15 +113,28 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8QuantizeRowsTest,
                                            Case{8193, 1408, 0, 8194, true},
                                            Case{8191, 2816, 16, 8193, false}));
 
+// Offsets of `groups` groups of 0-3 rows each (empty ones among them).
+std::vector<int32_t> RandomGroupOffsets(int32_t groups, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> rows(0, 3);
+  std::vector<int32_t> offsets(groups + 1, 0);
+  for (int32_t g = 0; g < groups; ++g) offsets[g + 1] = offsets[g] + rows(gen);
+  return offsets;
+}
+
 // Grouped rows: each group's scales packed for its own rows at offsets[g] * blocks; rows past
-// the last group untouched.
-TEST(Fp8QuantizeRowsGroupsTest, PacksEachGroupsScales) {
+// the last group untouched. Few groups, more than a warp's lanes, and more than the kernel keeps
+// in a warp's registers (287: then a binary search finds a row's group).
+class Fp8QuantizeRowsGroupsTest : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(Fp8QuantizeRowsGroupsTest, PacksEachGroupsScales) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const int64_t m = 24, k = 384, blocks = Fp8ScaleCols(k);
-  const std::vector<int32_t> offsets = {0, 4, 4, 12, 20};
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " groups " << GetParam());
+  const std::vector<int32_t> offsets = GetParam() == 4 ? std::vector<int32_t>{0, 4, 4, 12, 20}
+                                                       : RandomGroupOffsets(GetParam(), seed);
   const int32_t groups = static_cast<int32_t>(offsets.size()) - 1;
+  const int64_t m = offsets.back() + 4, k = 384, blocks = Fp8ScaleCols(k);
   const std::vector<float> a = testing::RandomFloats(m * k, seed);
   DeviceArray<float> da(a);
   DeviceArray<int32_t> doff(offsets);
@@ -168,6 +182,8 @@ TEST(Fp8QuantizeRowsGroupsTest, PacksEachGroupsScales) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(GroupCounts, Fp8QuantizeRowsGroupsTest, ::testing::Values(4, 70, 300));
+
 // The host scheme for one 128-wide block of x: its scale and e4m3 bytes.
 float HostBlock(const float* x, int64_t n, uint8_t* q) {
   float amax = 0.0f;
@@ -186,6 +202,7 @@ struct ScatterCase {
   int64_t k;
   int32_t dests;
   int64_t m;
+  int32_t groups = 3;  // 66: Moonlight's 64 experts and 2 shared parts; 300: a binary search
 };
 
 class Fp8QuantizeRowsScatterTest : public ::testing::TestWithParam<ScatterCase> {};
@@ -194,8 +211,9 @@ TEST_P(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
   const int64_t m = GetParam().m, k = GetParam().k, blocks = Fp8ScaleCols(k);
-  const int32_t dests = GetParam().dests, groups = 3;
-  SCOPED_TRACE(::testing::Message() << "seed " << seed << " k " << k << " dests " << dests);
+  const int32_t dests = GetParam().dests, groups = GetParam().groups;
+  SCOPED_TRACE(::testing::Message()
+               << "seed " << seed << " k " << k << " dests " << dests << " groups " << groups);
   // Choice (i, j) goes to group (i + j) % groups, one choice to none; rows by (i, j) inside a
   // group, each group padded to 4 rows.
   std::vector<int32_t> group_of(m * dests), counts(groups, 0);
@@ -285,7 +303,9 @@ TEST_P(Fp8QuantizeRowsScatterTest, WritesEachSourceRowToItsDestinations) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8QuantizeRowsScatterTest,
                          ::testing::Values(ScatterCase{384, 3, 9}, ScatterCase{2064, 8, 9},
-                                           ScatterCase{1040, 32, 9}, ScatterCase{1040, 2, 8200}));
+                                           ScatterCase{1040, 32, 9}, ScatterCase{1040, 2, 8200},
+                                           ScatterCase{2048, 8, 128, 66},
+                                           ScatterCase{384, 3, 130, 300}));
 
 // SwiGLU's product quantised: the rows are [gate | up] (bf16, or fp32 as the swap kernel's
 // gate_up), the value quantised bf16(silu(g) * u) as SiluMulBf16 and SiluMulF32ToBf16 round it
