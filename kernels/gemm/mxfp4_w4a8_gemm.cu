@@ -14,8 +14,6 @@
 // multiplied by 2^6 times the activation's block scale (fp32: Fp8QuantizeRows' scales are at most
 // FLT_MAX / 448), then fused-multiply-added times the weight's 2^(b - 127) (b = 0: the fp32
 // subnormal 2^-127), a power of two, so only a result beyond fp32's range overflows.
-#include "kernels/gemm/mxfp4_w4a8_gemm.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +22,7 @@
 #include "kernels/common/nonempty_group.cuh"
 #include "kernels/gemm/mma_grouped_kernel.cuh"
 #include "kernels/gemm/mma_weight_tile.cuh"
+#include "kernels/gemm/mxfp4_w4a8_gemm.h"
 
 namespace deepinfer {
 namespace kernels {
@@ -84,8 +83,8 @@ __device__ __forceinline__ void LoadStep(const uint32_t* wa, const uint32_t* wb,
 // Passes of up to 8 NT activation rows over the block's group; grid x = blocks of kWarps /
 // ks_count feature tiles of 16 rows, y = the non-empty groups.
 template <int NT>
-__global__ void __launch_bounds__(kThreads) W4a8GroupedKernel(Mxfp4W4a8GroupedGemmParams p,
-                                                              int ks_count) {
+__global__ void __launch_bounds__(kThreads)
+    W4a8GroupedKernel(Mxfp4W4a8GroupedGemmParams p, int ks_count) {
   __shared__ float red[kWarps][kTile][8 * NT];
   __shared__ int work[3];
   FindNonEmptyGroup(p.num_groups, p.max_rows, p.offsets, work);
@@ -193,8 +192,8 @@ bool Mxfp4W4a8GroupedGemmSupports(const Mxfp4W4a8GroupedGemmParams& p) {
   return p.num_groups >= 1 && p.max_rows >= 0 && p.n >= 1 && p.k >= 32 && p.n <= kIntMax &&
          p.k % 32 == 0 && std::min(p.num_groups, p.max_rows) <= 65535 && split_ok &&
          p.offsets != nullptr && p.a != nullptr && Aligned(p.a, 8) && p.a_scales != nullptr &&
-         p.weights != nullptr && p.scales != nullptr && p.c != nullptr &&
-         p.scale_ld >= p.k / 32 && Mxfp4W4a8GemmAvailable();
+         p.weights != nullptr && p.scales != nullptr && p.c != nullptr && p.scale_ld >= p.k / 32 &&
+         Mxfp4W4a8GemmAvailable();
 }
 
 cudaError_t Mxfp4W4a8GroupedGemm(const Mxfp4W4a8GroupedGemmParams& p, cudaStream_t stream) {

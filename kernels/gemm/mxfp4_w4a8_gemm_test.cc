@@ -224,9 +224,9 @@ TEST_P(Mxfp4W4a8GroupedGemmTest, MatchesDequantisedReference) {
             mag += std::abs(prod);
           }
           const float v = got[r * t.n + j];
-          SCOPED_TRACE(::testing::Message() << "group " << g << " row " << r << " feature " << j
-                                            << " scale byte " << w[g].Scale(j) << ": got " << v
-                                            << " want " << want);
+          SCOPED_TRACE(::testing::Message()
+                       << "group " << g << " row " << r << " feature " << j << " scale byte "
+                       << w[g].Scale(j) << ": got " << v << " want " << want);
           const double bound = unit * mag + tiny;
           if (std::abs(want) - bound > std::ldexp(1.0, 128)) {
             ASSERT_TRUE(std::isinf(v) && (v > 0) == (want > 0)) << "want inf of the sign";

@@ -2,17 +2,18 @@
 // layout). Decode sizes (and any size while captured): the permutation to bf16 rows,
 // kernels::Mxfp4MmaGroupedGemm for gate_up and down, the combine, the group extents on the
 // device; in CudaTuning::mxfp4_w4a8_min_tokens .. mxfp4_w4a8_max_tokens the rows quantised to
-// e4m3 instead and both GEMMs on kernels::Mxfp4W4a8GroupedGemm (W4A8). Prefill sizes: RoutedExperts' cuBLAS path, fed with the experts widened to bf16 a group
-// at a time (ExpertGemmsMxfp4Widened).
+// e4m3 instead and both GEMMs on kernels::Mxfp4W4a8GroupedGemm (W4A8). Prefill sizes:
+// RoutedExperts' cuBLAS path, fed with the experts widened to bf16 a group at a time
+// (ExpertGemmsMxfp4Widened).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/activation/elementwise.h"
-#include "kernels/gemm/mxfp4_dequant.h"
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/fp8_quantize.h"
+#include "kernels/gemm/mxfp4_dequant.h"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
 #include "kernels/gemm/mxfp4_w4a8_gemm.h"
 #include "kernels/moe/expert_activation.h"
@@ -206,11 +207,11 @@ void CudaBackend::RoutedExpertsMxfp4W4a8(const RoutedExpertsArgs& a, int64_t row
       // W4A16 path), then its bf16 rows quantised.
       auto gate_up16 = AllocateScratch(rows * 2 * I * sizeof(uint16_t));
       act = AllocateScratch(rows * I * sizeof(uint16_t));
-      Check(kernels::RoundF32ToBf16(T * K * 2 * I, gate_up->as<float>(),
-                                    gate_up16->as<uint16_t>(), stream_),
+      Check(kernels::RoundF32ToBf16(T * K * 2 * I, gate_up->as<float>(), gate_up16->as<uint16_t>(),
+                                    stream_),
             "kernels::RoundF32ToBf16");
-      Check(kernels::SiluMulBf16(T * K, I, gate_up16->as<uint16_t>(), act->as<uint16_t>(),
-                                 stream_, nullptr, a.swiglu_limit),
+      Check(kernels::SiluMulBf16(T * K, I, gate_up16->as<uint16_t>(), act->as<uint16_t>(), stream_,
+                                 nullptr, a.swiglu_limit),
             "kernels::SiluMulBf16");
       qp.a = act->data(), qp.a_bf16 = true, qp.lda = I;
     } else {

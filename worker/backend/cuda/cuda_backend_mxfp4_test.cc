@@ -240,10 +240,9 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
             carried += wv * dact[i];
           }
           want[h] += wts[t * K + k] * y[h];
-          tol[h] +=
-              wts[t * K + k] * (2 * step * largest + carried + rescale * ymag[h] +
-                                sums * Bound(I, ymag[h], y[h]) +
-                                (cublas ? step * std::abs(y[h]) : 0.0));
+          tol[h] += wts[t * K + k] *
+                    (2 * step * largest + carried + rescale * ymag[h] +
+                     sums * Bound(I, ymag[h], y[h]) + (cublas ? step * std::abs(y[h]) : 0.0));
         }
       }
       for (int64_t h = 0; h < H; ++h) {

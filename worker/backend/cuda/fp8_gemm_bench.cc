@@ -517,12 +517,12 @@ void GroupedBench(const MoeShape& ms) {
       wp.scale_ld = k / kernels::kMxfp4BlockSize, wp.c = c;
       wp.rows_per_group_hint = mp.rows_per_group_hint;
       const bool w4a8_takes = kernels::Mxfp4W4a8GroupedGemmSupports(wp);
-      const double w4a8_us =
-          w4a8_takes ? GraphMicros(4,
-                                   [&](int, cudaStream_t st) {
-                                     BENCH_CUDA(kernels::Mxfp4W4a8GroupedGemm(wp, st));
-                                   })
-                     : -1;
+      const double w4a8_us = w4a8_takes
+                                 ? GraphMicros(4,
+                                               [&](int, cudaStream_t st) {
+                                                 BENCH_CUDA(kernels::Mxfp4W4a8GroupedGemm(wp, st));
+                                               })
+                                 : -1;
       const double w4a8_quant_us =
           w4a8_takes
               ? GraphMicros(
