@@ -60,24 +60,43 @@ __device__ __forceinline__ float Pow2Scale(uint32_t b) {
   return __int_as_float(b == 0 ? 0x00400000u : b << 23);
 }
 
-// One thread's weights of a 128-wide k step: rows fa, fb, one word and one scale byte per block.
+// One thread's weights of a 128-wide k step: rows fa, fb, one word per block, and the rows' four
+// scale bytes (block j in bits 8j .. 8j + 7).
 struct Step {
   uint32_t wa[kBlocksPerStep], wb[kBlocksPerStep];
-  uint32_t sa[kBlocksPerStep], sb[kBlocksPerStep];
+  uint32_t sa, sb;
 };
 
-// Blocks past k load zero words (their MMAs are skipped) and scale byte 127.
+// A row's four scale bytes of step kb (blocks past k: byte 127): one 32-bit load where the
+// group's scale rows are 4-byte aligned (scale_ld a multiple of 4: the word stays in the row).
+__device__ __forceinline__ uint32_t LoadScaleBytes(const uint8_t* s, int64_t kb, int64_t k,
+                                                   bool words) {
+  if (words) {
+    return kb * kKBlock < k ? __ldg(reinterpret_cast<const uint32_t*>(s + kb * kBlocksPerStep))
+                            : 0x7F7F7F7Fu;
+  }
+  uint32_t r = 0;
+#pragma unroll
+  for (int j = 0; j < kBlocksPerStep; ++j) {
+    const uint32_t b = kb * kKBlock + 32 * j < k ? __ldg(s + kb * kBlocksPerStep + j) : 127u;
+    r |= b << (8 * j);
+  }
+  return r;
+}
+
+// Blocks past k load zero words (their MMAs are skipped).
 __device__ __forceinline__ void LoadStep(const uint32_t* wa, const uint32_t* wb, const uint8_t* sa,
-                                         const uint8_t* sb, int64_t kb, int64_t k, Step* s) {
+                                         const uint8_t* sb, bool scale_words, int64_t kb, int64_t k,
+                                         Step* s) {
 #pragma unroll
   for (int j = 0; j < kBlocksPerStep; ++j) {
     const bool ok = kb * kKBlock + 32 * j < k;
     // Word t of block kb * 4 + j: the row's words (kb * 4 + j) * 4 + t (wa, wb point at word t).
     s->wa[j] = ok ? __ldg(wa + (kb * kBlocksPerStep + j) * 4) : 0u;
     s->wb[j] = ok ? __ldg(wb + (kb * kBlocksPerStep + j) * 4) : 0u;
-    s->sa[j] = ok ? __ldg(sa + kb * kBlocksPerStep + j) : 127u;
-    s->sb[j] = ok ? __ldg(sb + kb * kBlocksPerStep + j) : 127u;
   }
+  s->sa = LoadScaleBytes(sa, kb, k, scale_words);
+  s->sb = LoadScaleBytes(sb, kb, k, scale_words);
 }
 
 // Passes of up to 8 NT activation rows over the block's group; grid x = blocks of kWarps /
@@ -109,6 +128,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t* wb = reinterpret_cast<const uint32_t*>(w + fbr * (k / 2)) + t;
   const uint8_t* sa = sc + fa * p.scale_ld;
   const uint8_t* sb = sc + fbr * p.scale_ld;
+  const bool scale_words = p.scale_ld % 4 == 0 && reinterpret_cast<uintptr_t>(sc) % 4 == 0;
 
   for (int64_t row0 = row_begin; row0 < row_end; row0 += 8 * NT) {
     float acc[1][NT][4];
@@ -117,29 +137,39 @@ __global__ void __launch_bounds__(kThreads)
       // B rows (row g of each 8-row tile) and the C columns' rows 2t, 2t + 1 (their scales), rows
       // at or past row_end reading row_end - 1 (their sums unused).
       const uint8_t* arow[NT];
-      int64_t srow[NT][2];
+      int srow[NT][2];  // rows within the group (max_rows is an int)
 #pragma unroll
       for (int jt = 0; jt < NT; ++jt) {
         arow[jt] = p.a + min(row0 + 8 * jt + g, row_end - 1) * k + 8 * t;
-        srow[jt][0] = min(row0 + 8 * jt + 2 * t, row_end - 1) - first;
-        srow[jt][1] = min(row0 + 8 * jt + 2 * t + 1, row_end - 1) - first;
+        srow[jt][0] = static_cast<int>(min(row0 + 8 * jt + 2 * t, row_end - 1) - first);
+        srow[jt][1] = static_cast<int>(min(row0 + 8 * jt + 2 * t + 1, row_end - 1) - first);
       }
-      Step cur, next;
-      LoadStep(wa, wb, sa, sb, kb0, k, &cur);
+      // Weights one step ahead of their MMAs, two with one 8-row tile (the registers allow it
+      // there within two blocks an SM).
+      constexpr bool kTwoAhead = NT == 1;
+      Step cur, next, after;
+      LoadStep(wa, wb, sa, sb, scale_words, kb0, k, &cur);
+      if (kTwoAhead && kb0 + 1 < kb1) LoadStep(wa, wb, sa, sb, scale_words, kb0 + 1, k, &next);
       for (int64_t kb = kb0; kb < kb1; ++kb) {
-        if (kb + 1 < kb1) LoadStep(wa, wb, sa, sb, kb + 1, k, &next);
+        if (kTwoAhead) {
+          if (kb + 2 < kb1) LoadStep(wa, wb, sa, sb, scale_words, kb + 2, k, &after);
+        } else if (kb + 1 < kb1) {
+          LoadStep(wa, wb, sa, sb, scale_words, kb + 1, k, &next);
+        }
+        const float* step_scales = as + kb * count;
         float ascale[NT][2];
 #pragma unroll
         for (int jt = 0; jt < NT; ++jt) {
-          ascale[jt][0] = 64.0f * __ldg(as + kb * count + srow[jt][0]);
-          ascale[jt][1] = 64.0f * __ldg(as + kb * count + srow[jt][1]);
+          ascale[jt][0] = 64.0f * __ldg(step_scales + srow[jt][0]);
+          ascale[jt][1] = 64.0f * __ldg(step_scales + srow[jt][1]);
         }
 #pragma unroll
         for (int j = 0; j < kBlocksPerStep; ++j) {
           if (kb * kKBlock + 32 * j >= k) break;
           const uint32_t af[4] = {EvenE4m3(cur.wa[j]), EvenE4m3(cur.wb[j]), OddE4m3(cur.wa[j]),
                                   OddE4m3(cur.wb[j])};
-          const float pa = Pow2Scale(cur.sa[j]), pb = Pow2Scale(cur.sb[j]);
+          const float pa = Pow2Scale((cur.sa >> (8 * j)) & 0xFFu),
+                      pb = Pow2Scale((cur.sb >> (8 * j)) & 0xFFu);
 #pragma unroll
           for (int jt = 0; jt < NT; ++jt) {
             const uint2 v = __ldg(reinterpret_cast<const uint2*>(arow[jt] + kb * kKBlock + 32 * j));
@@ -152,6 +182,7 @@ __global__ void __launch_bounds__(kThreads)
           }
         }
         cur = next;
+        if (kTwoAhead) next = after;
       }
     }
     mma_tile::StoreFragments<NT, 1>(acc, red[warp]);
