@@ -5,10 +5,12 @@
 //
 // k order: thread t of a quad takes values 8t .. 8t + 7 of each 32-value scale block (one 32-bit
 // word of a weight row: nibble 2i + h of the word is value 8t + 2i + h). The even values (low
-// nibbles) become the e4m3 word of MMA-logical k 4t .. 4t + 3, the odd values (high nibbles) that
-// of k 16 + 4t .. + 3, for the A fragment (weight rows g, g + 8) and the B fragment (activation
-// row g: its 8 bytes split the same way by byte permutes) alike; the MMA's sum over the block is
-// the same sum in another order.
+// nibbles) become A registers 0 and 1 (weight rows g, g + 8) and B register 0 (activation row g,
+// its 8 bytes split by byte permutes), the odd values (high nibbles) A registers 2 and 3 and B
+// register 1, byte i of each holding value 8t + 2i (+ 1). The MMA pairs A and B bytes at the same
+// register and byte of the same thread index with the same k (the fragment layouts of the 8-bit
+// m16n8k32 shape), so each weight value meets the activation of its own k: the MMA's sum over the
+// block is the same sum in another order, whatever k order the layout gives those places.
 //
 // Scale: the MMA's fp32 sum over one block is exact products of e2m1 * 2^-6 and e4m3 codes. It is
 // multiplied by 2^6 times the activation's block scale (fp32: Fp8QuantizeRows' scales are at most
