@@ -128,8 +128,10 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
     std::mt19937 gen(seed);
     const bool cublas = !graph && T > CudaBackend::kMxfp4MaxDeviceTokens;
     const bool w4a8_taken = w4a8 && !cublas && T <= CudaTuning().mxfp4_w4a8_max_tokens;
-    // The down operand's rounding step: bf16's, or e4m3's on the W4A8 path.
-    const double step = w4a8_taken ? std::ldexp(1.0, -3) : std::ldexp(1.0, -8);
+    // bf16's rounding step (g and u, down's output), and the down operand's: bf16's, or e4m3's on
+    // the W4A8 path.
+    const double step = std::ldexp(1.0, -8);
+    const double act_step = w4a8_taken ? std::ldexp(1.0, -3) : step;
     const double sums = cublas ? 2.0 : 1.0;  // the summation bounds' factor (see the top)
     std::vector<MxMatrix> gu, dn;
     std::vector<const void*> gu_ptr, dn_ptr, gu_scale, dn_scale;
@@ -241,7 +243,7 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
           }
           want[h] += wts[t * K + k] * y[h];
           tol[h] += wts[t * K + k] *
-                    (2 * step * largest + carried + rescale * ymag[h] +
+                    (2 * act_step * largest + carried + rescale * ymag[h] +
                      sums * Bound(I, ymag[h], y[h]) + (cublas ? step * std::abs(y[h]) : 0.0));
         }
       }
