@@ -102,7 +102,7 @@ bool CudaBackend::RoutedExpertsMxfp4(const RoutedExpertsArgs& a) {
   }
   if (!tuning_.batch_invariant && tuning_.mxfp4_w4a8_min_tokens > 0 &&
       T >= tuning_.mxfp4_w4a8_min_tokens && T <= tuning_.mxfp4_w4a8_max_tokens &&
-      kernels::Mxfp4W4a8GemmAvailable()) {
+      K <= 32 /* Fp8QuantizeRows' dests_per_row */ && kernels::Mxfp4W4a8GemmAvailable()) {
     RoutedExpertsMxfp4W4a8(a, rows);
     return true;
   }
