@@ -193,6 +193,30 @@ TEST_P(Mxfp4W4a8GroupedGemmTest, MatchesDequantisedReference) {
 
   // The sums depend on the k split only: every row hint (8, 16 or 32 rows a pass) gives the
   // same bits.
+  // The reference, once: want and sum |products| per (row, feature).
+  std::vector<double> want_all(static_cast<size_t>(used) * t.n),
+      mag_all(static_cast<size_t>(used) * t.n);
+  {
+    std::vector<double> row(t.k);
+    for (int32_t g = 0; g < groups; ++g) {
+      for (int64_t j = 0; j < t.n; ++j) {
+        for (int64_t x = 0; x < t.k; ++x) row[x] = w[g].At(j, x);
+        for (int32_t r = offsets[g]; r < offsets[g + 1]; ++r) {
+          double want = 0, mag = 0;
+          for (int64_t x = 0; x < t.k; ++x) {
+            const double prod = hq.deq[r * t.k + x] * row[x];
+            want += prod;
+            mag += std::abs(prod);
+          }
+          want_all[r * t.n + j] = want;
+          mag_all[r * t.n + j] = mag;
+        }
+      }
+    }
+  }
+  const double unit = std::ldexp(1.0, -13) + std::ldexp(1.0, -24) * (t.k / 32.0 + 16.0);
+  const double tiny = std::ldexp(1.0, -149) * (t.k / 32.0 + 16.0);
+
   std::vector<float> got, other;
   for (int32_t k_split : {0, 1, 8}) {
     SCOPED_TRACE(::testing::Message() << "k_split " << k_split);
@@ -208,35 +232,26 @@ TEST_P(Mxfp4W4a8GroupedGemmTest, MatchesDequantisedReference) {
             << "hint " << hint << " differs from hint 1";
       }
     }
-    const double unit = std::ldexp(1.0, -13) + std::ldexp(1.0, -24) * (t.k / 32.0 + 16.0);
-    const double tiny = std::ldexp(1.0, -149) * (t.k / 32.0 + 16.0);
     double worst = 0;
     int64_t infs = 0;
-    std::vector<double> row(t.k);
     for (int32_t g = 0; g < groups; ++g) {
-      for (int64_t j = 0; j < t.n; ++j) {
-        for (int64_t x = 0; x < t.k; ++x) row[x] = w[g].At(j, x);
-        for (int32_t r = offsets[g]; r < offsets[g + 1]; ++r) {
-          double want = 0, mag = 0;
-          for (int64_t x = 0; x < t.k; ++x) {
-            const double prod = hq.deq[r * t.k + x] * row[x];
-            want += prod;
-            mag += std::abs(prod);
-          }
+      for (int32_t r = offsets[g]; r < offsets[g + 1]; ++r) {
+        for (int64_t j = 0; j < t.n; ++j) {
+          const double want = want_all[r * t.n + j], mag = mag_all[r * t.n + j];
           const float v = got[r * t.n + j];
-          SCOPED_TRACE(::testing::Message()
-                       << "group " << g << " row " << r << " feature " << j << " scale byte "
-                       << w[g].Scale(j) << ": got " << v << " want " << want);
           const double bound = unit * mag + tiny;
           if (std::abs(want) - bound > std::ldexp(1.0, 128)) {
-            ASSERT_TRUE(std::isinf(v) && (v > 0) == (want > 0)) << "want inf of the sign";
+            ASSERT_TRUE(std::isinf(v) && (v > 0) == (want > 0))
+                << "want inf of the sign: group " << g << " row " << r << " feature " << j
+                << " got " << v << " want " << want;
             ++infs;
             continue;
           }
           // Within the error bound of fp32's largest value: finite or inf are both right.
           if (std::abs(want) + bound >= FLT_MAX || mag >= FLT_MAX) continue;
           const double d = std::abs(static_cast<double>(v) - want);
-          ASSERT_LE(d, bound);
+          ASSERT_LE(d, bound) << "group " << g << " row " << r << " feature " << j << " scale byte "
+                              << w[g].Scale(j) << ": got " << v << " want " << want;
           worst = std::max(worst, d / bound);
         }
       }
