@@ -142,6 +142,16 @@ struct CudaTuning {
   // Sampling, norms, rope, permutation and combine already compute each row on its own.
   // Off: the choices by shape described at each op (different bits at different batch sizes).
   bool batch_invariant = false;
+  // MXFP4 routed experts on the device path from mxfp4_w4a8_min_tokens to mxfp4_w4a8_max_tokens
+  // tokens (inclusive; min 0: never), outside the batch-invariant mode, where the device has the
+  // kernel (sm_89+): W4A8, the token rows and the SiLU-mul output quantised to e4m3 per row and
+  // 128-wide block (kernels::Fp8QuantizeRows, the token rows into their experts' places) and both
+  // expert GEMMs on kernels::Mxfp4W4a8GroupedGemm (FP8 tensor cores); other sizes keep bf16
+  // activations (kernels::Mxfp4MmaGroupedGemm, W4A16). The activations are then within 2^-4
+  // relative (e4m3) instead of bf16's 2^-9, as the FP8 experts' W8A8 path. 3: the first size past
+  // the fused 1-2 token MoE block, as fp8_swap_min_tokens. Tests set 0 to keep W4A16.
+  int64_t mxfp4_w4a8_min_tokens = 3;
+  int64_t mxfp4_w4a8_max_tokens = 128;
   // The bound of RoutedExperts' bf16 copies of MXFP4 experts (Mxfp4DequantGroupExperts,
   // backend.h); the memory plan reserves for the default. Tests lower it to run several groups.
   int64_t mxfp4_dequant_scratch_bytes = kMxfp4DequantScratchBoundBytes;
@@ -556,9 +566,14 @@ class CudaBackend : public Backend {
   // RoutedExperts' device path for MXFP4 experts (cuda_backend_mxfp4.cc; where
   // Mxfp4ExpertsOnCublas is false): without host synchronisation, bf16 rows through
   // kernels::Mxfp4MmaGroupedGemm (gate_up fp32, SiluMulF32ToBf16 or, with a clamp, gate_up rounded
-  // to bf16 and SiluMulBf16 with the limit, down). false for sizes the kernel does not take or a
-  // device without it.
+  // to bf16 and SiluMulBf16 with the limit, down), or in CudaTuning::mxfp4_w4a8_min_tokens ..
+  // mxfp4_w4a8_max_tokens e4m3 rows through kernels::Mxfp4W4a8GroupedGemm
+  // (RoutedExpertsMxfp4W4a8). false for sizes the kernel does not take or a device without it.
   bool RoutedExpertsMxfp4(const RoutedExpertsArgs& a);
+  // RoutedExpertsMxfp4's W4A8 GEMMs after the permutation plan: the token rows quantised into
+  // their groups' places, gate_up, SiLU-mul quantised (with a clamp: gate_up rounded to bf16,
+  // SiluMulBf16 with the limit, then quantised), down, the combine.
+  void RoutedExpertsMxfp4W4a8(const RoutedExpertsArgs& a, int64_t rows);
   // Whether RoutedExperts takes MXFP4 experts to the cuBLAS path (widened to bf16): valid MXFP4
   // arguments, more than kMxfp4MaxDeviceTokens tokens, not keep_on_device, not `captured`.
   static bool Mxfp4ExpertsOnCublas(const RoutedExpertsArgs& a, bool captured);

@@ -1,16 +1,21 @@
 // CudaBackend's routed experts kept in MXFP4 (e2m1 with UE8M0 scales per 32 values, DeepSeek-V4's
 // layout). Decode sizes (and any size while captured): the permutation to bf16 rows,
 // kernels::Mxfp4MmaGroupedGemm for gate_up and down, the combine, the group extents on the
-// device. Prefill sizes: RoutedExperts' cuBLAS path, fed with the experts widened to bf16 a group
-// at a time (ExpertGemmsMxfp4Widened).
+// device; in CudaTuning::mxfp4_w4a8_min_tokens .. mxfp4_w4a8_max_tokens the rows quantised to
+// e4m3 instead and both GEMMs on kernels::Mxfp4W4a8GroupedGemm (W4A8). Prefill sizes:
+// RoutedExperts' cuBLAS path, fed with the experts widened to bf16 a group at a time
+// (ExpertGemmsMxfp4Widened).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/activation/elementwise.h"
+#include "kernels/gemm/fp8_block_gemm.h"
+#include "kernels/gemm/fp8_quantize.h"
 #include "kernels/gemm/mxfp4_dequant.h"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
+#include "kernels/gemm/mxfp4_w4a8_gemm.h"
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/moe_permute.h"
 #include "worker/backend/cuda/cuda_backend.h"
@@ -95,6 +100,12 @@ bool CudaBackend::RoutedExpertsMxfp4(const RoutedExpertsArgs& a) {
                                                 K, " is beyond int range for the expert GEMMs")));
     return true;
   }
+  if (!tuning_.batch_invariant && tuning_.mxfp4_w4a8_min_tokens > 0 &&
+      T >= tuning_.mxfp4_w4a8_min_tokens && T <= tuning_.mxfp4_w4a8_max_tokens &&
+      K <= 32 /* Fp8QuantizeRows' dests_per_row */ && kernels::Mxfp4W4a8GemmAvailable()) {
+    RoutedExpertsMxfp4W4a8(a, rows);
+    return true;
+  }
   const MoePermutation perm = PermuteRoutedRows(a, rows, /*row_align=*/1, /*bf16=*/true,
                                                 /*gather=*/true);
   auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
@@ -141,6 +152,86 @@ bool CudaBackend::RoutedExpertsMxfp4(const RoutedExpertsArgs& a) {
 
   CombineExpertRows(a, perm, *expert_out, /*bf16=*/false);
   return true;
+}
+
+void CudaBackend::RoutedExpertsMxfp4W4a8(const RoutedExpertsArgs& a, int64_t rows) {
+  const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
+  const int32_t E = a.num_experts;
+  // The plan only: the token rows go straight from a.hidden into their groups' quantised rows.
+  const MoePermutation perm = PermuteRoutedRows(a, rows, /*row_align=*/1, /*bf16=*/true,
+                                                /*gather=*/false);
+  const int32_t* offsets = perm.plan->as<int32_t>() + E;
+  const int64_t width = std::max(H, I);
+  auto q = AllocateScratch(rows * width);
+  auto q_scales = AllocateScratch(rows * kernels::Fp8ScaleCols(width) * sizeof(float));
+  auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
+  auto expert_out = AllocateScratch(rows * H * sizeof(float));
+  // Each group's rows quantised with their scales packed for the group (Fp8QuantizeRows' grouped
+  // layout, which the kernel reads): each token row rounded to bf16 (the W4A16 path's gathered
+  // values), quantised once and written to its experts' rows.
+  kernels::Fp8QuantizeParams qp;
+  qp.m = T, qp.k = H, qp.a = a.hidden, qp.round_bf16 = true, qp.lda = H;
+  qp.q = q->as<uint8_t>(), qp.ldq = H, qp.scales = q_scales->as<float>(), qp.m_pad = T;
+  qp.group_offsets = offsets, qp.num_groups = E;
+  qp.dest_rows = perm.choice_row->as<int32_t>(), qp.dests_per_row = static_cast<int32_t>(K);
+  {
+    PhaseTimer phase(this, "RoutedExpertsMxfp4W4a8/quantize_permute", true);
+    Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(permute)");
+  }
+  kernels::Mxfp4W4a8GroupedGemmParams g;
+  g.num_groups = E;
+  g.max_rows = static_cast<int32_t>(rows);
+  g.offsets = offsets;
+  // A token's top-k experts are distinct: T rows at most in one expert, T * K / E on average.
+  g.rows_per_group_hint =
+      static_cast<int32_t>(std::min<int64_t>(T, std::max<int64_t>(1, (T * K + E - 1) / E)));
+  g.n = 2 * I;
+  g.k = H;
+  g.a = q->as<uint8_t>();
+  g.a_scales = q_scales->as<float>();
+  g.weights = reinterpret_cast<const uint8_t* const*>(a.gate_up);
+  g.scales = a.gate_up_mx_scales;
+  g.scale_ld = a.gate_up_scale_ld;
+  g.c = gate_up->as<float>();
+  {
+    PhaseTimer phase(this, "RoutedExpertsMxfp4W4a8/gate_up", true);
+    Check(kernels::Mxfp4W4a8GroupedGemm(g, stream_), "kernels::Mxfp4W4a8GroupedGemm(gate_up)");
+  }
+  {
+    PhaseTimer phase(this, "RoutedExpertsMxfp4W4a8/silu_mul_quantize", true);
+    qp.dest_rows = nullptr, qp.dests_per_row = 0;
+    qp.m = rows, qp.k = I, qp.ldq = I, qp.m_pad = rows, qp.round_bf16 = false;
+    std::unique_ptr<DeviceBuffer> act;
+    if (a.swiglu_limit > 0.0f) {
+      // DeepSeek-V4's clamped SwiGLU: gate_up rounded to bf16, the clamping SiLU-mul (as the
+      // W4A16 path), then its bf16 rows quantised.
+      auto gate_up16 = AllocateScratch(rows * 2 * I * sizeof(uint16_t));
+      act = AllocateScratch(rows * I * sizeof(uint16_t));
+      Check(kernels::RoundF32ToBf16(T * K * 2 * I, gate_up->as<float>(), gate_up16->as<uint16_t>(),
+                                    stream_),
+            "kernels::RoundF32ToBf16");
+      Check(kernels::SiluMulBf16(T * K, I, gate_up16->as<uint16_t>(), act->as<uint16_t>(), stream_,
+                                 nullptr, a.swiglu_limit),
+            "kernels::SiluMulBf16");
+      qp.a = act->data(), qp.a_bf16 = true, qp.lda = I;
+    } else {
+      // SiLU-mul rounded to bf16 (SiluMulF32ToBf16's values) and quantised in one pass.
+      qp.a = gate_up->data(), qp.a_bf16 = false, qp.silu_mul = true, qp.lda = 2 * I;
+    }
+    Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(silu_mul)");
+  }
+  g.n = H;
+  g.k = I;
+  g.weights = reinterpret_cast<const uint8_t* const*>(a.down);
+  g.scales = a.down_mx_scales;
+  g.scale_ld = a.down_scale_ld;
+  g.c = expert_out->as<float>();
+  {
+    PhaseTimer phase(this, "RoutedExpertsMxfp4W4a8/down", true);
+    Check(kernels::Mxfp4W4a8GroupedGemm(g, stream_), "kernels::Mxfp4W4a8GroupedGemm(down)");
+  }
+  PhaseTimer phase(this, "RoutedExpertsMxfp4W4a8/combine", true);
+  CombineExpertRows(a, perm, *expert_out, /*bf16=*/false);
 }
 
 }  // namespace deepinfer

@@ -13,7 +13,15 @@
 // there gate_up is written in bf16 (g and u rounded as with the clamp: one step more each), each
 // choice's down output is rounded to bf16 before the combine (one step of |y|, twice the
 // half-step bound), and cuBLAS may split k or accumulate with truncation (2^-23 per addition, not
-// 2^-24): the summation bounds are doubled. Skips without a GPU.
+// 2^-24): the summation bounds are doubled.
+// W4A8 (CudaTuning::mxfp4_w4a8_min_tokens .. max_tokens; the other tests set min 0 to keep
+// W4A16): the bf16 token rows quantised to e4m3 per 128-wide block on the device, here on the
+// host by the same rule (testing::QuantisedActivations: the same values), and the SiLU-mul output
+// quantised the same way, where an fp32-level difference in g or u can move a value by one e4m3
+// step (2^-3 of it) and the block's scale follows its largest value (a relative change of up to
+// the largest act's deviation, as the FP8 W8A8 test allows); each FP8 MMA's sum over a 32-value
+// block is allowed 2^-13 of the block's sum of |products| (the tensor core's FP8 accumulation is
+// not specified as fp32; mxfp4_w4a8_gemm_test). Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,10 +32,12 @@
 
 #include "gtest/gtest.h"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
+#include "kernels/gemm/mxfp4_w4a8_gemm.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/cuda_backend_test_fixture.h"
+#include "worker/backend/cuda/cuda_fp8_test_matrix.h"
 
 namespace deepinfer {
 namespace {
@@ -49,6 +59,19 @@ struct MxMatrix {
 class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
  protected:
   static constexpr int64_t E = 16, K = 4, H = 256, I = 96;
+  // The device path's W4A8 kernel (kernels::Mxfp4W4a8GroupedGemm) at every token count it takes
+  // (mxfp4_w4a8_min_tokens 1), else bf16 activations only (min 0).
+  bool w4a8 = false;
+
+  void SetUp() override {
+    CudaBackendTest::SetUp();
+    if (IsSkipped()) return;
+    CudaTuning tuning;
+    tuning.mxfp4_w4a8_min_tokens = w4a8 ? 1 : 0;
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16, tuning);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+  }
 
   MxMatrix RandomMx(int64_t n, int64_t k, std::mt19937* gen) {
     MxMatrix m;
@@ -85,8 +108,15 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
       }
     }
   }
-  static double Bound(int64_t k, double mag, double want) {
-    return (k + 64) * std::ldexp(mag + std::abs(want), -24) + 1e-30;
+  double Bound(int64_t k, double mag, double want) const {
+    return (k + 64) * std::ldexp(mag + std::abs(want), -24) + (w4a8 ? std::ldexp(mag, -13) : 0.0) +
+           1e-30;
+  }
+  // The values the W4A8 path multiplies: bf16 rows quantised per 128-wide block.
+  std::vector<double> Quantised(const std::vector<double>& row) const {
+    if (!w4a8) return row;
+    const std::vector<float> f(row.begin(), row.end());
+    return testing::QuantisedActivations(f, 1, static_cast<int64_t>(f.size()));
   }
 
   // limit > 0: DeepSeek-V4's clamped SwiGLU, on gate_up rounded to bf16.
@@ -96,8 +126,12 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
     SCOPED_TRACE(::testing::Message()
                  << "seed " << seed << " tokens " << T << (graph ? " replayed" : " eager"));
     std::mt19937 gen(seed);
-    const double step = std::ldexp(1.0, -8);
     const bool cublas = !graph && T > CudaBackend::kMxfp4MaxDeviceTokens;
+    const bool w4a8_taken = w4a8 && !cublas && T <= CudaTuning().mxfp4_w4a8_max_tokens;
+    // bf16's rounding step (g and u, down's output), and the down operand's: bf16's, or e4m3's on
+    // the W4A8 path.
+    const double step = std::ldexp(1.0, -8);
+    const double act_step = w4a8_taken ? std::ldexp(1.0, -3) : step;
     const double sums = cublas ? 2.0 : 1.0;  // the summation bounds' factor (see the top)
     std::vector<MxMatrix> gu, dn;
     std::vector<const void*> gu_ptr, dn_ptr, gu_scale, dn_scale;
@@ -160,17 +194,20 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
       EXPECT_EQ(CallsOf(report, "RoutedExpertsCublas/mxfp4_dequant"), dequant_groups) << report;
     } else if (!graph) {
       EXPECT_EQ(CallsOf(report, "RoutedExpertsMxfp4"), 1) << report;
+      EXPECT_EQ(CallsOf(report, "RoutedExpertsMxfp4W4a8/gate_up"), w4a8_taken ? 1 : -1) << report;
     }
     const std::vector<float> got = Download(*out);
     for (int64_t t = 0; t < T; ++t) {
       std::vector<double> want(H, 0.0), tol(H, 0.0);
       std::vector<double> xt(H);
       for (int64_t h = 0; h < H; ++h) xt[h] = RoundToBf16(x[t * H + h]);
+      if (w4a8_taken) xt = Quantised(xt);
       for (int64_t k = 0; k < K; ++k) {
         const int32_t e = ids[t * K + k];
         std::vector<double> g, gmag;
         HostGemv(xt, gu[e], &g, &gmag);
         std::vector<double> act(I), dact(I);
+        double act_max = 0, dact_max = 0;
         for (int64_t i = 0; i < I; ++i) {
           double gate = g[i], up = g[I + i];
           double dg = sums * Bound(H, gmag[i], gate), du = sums * Bound(H, gmag[I + i], up);
@@ -189,9 +226,14 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
           const double sg = gate / (1.0 + std::exp(-gate));
           act[i] = RoundToBf16(static_cast<float>(sg * up));
           dact[i] = 1.1 * dg * (std::abs(up) + du) + std::abs(sg) * du;
+          act_max = std::max(act_max, std::abs(act[i]));
+          dact_max = std::max(dact_max, dact[i]);
         }
+        if (w4a8_taken) act = Quantised(act);
         std::vector<double> y, ymag;
         HostGemv(act, dn[e], &y, &ymag);
+        // W4A8: a block's scale follows its largest act (one block: I <= 128).
+        const double rescale = w4a8_taken && act_max > 0 ? dact_max / act_max : 0.0;
         for (int64_t h = 0; h < H; ++h) {
           double largest = 0, carried = 0;
           for (int64_t i = 0; i < I; ++i) {
@@ -200,9 +242,9 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
             carried += wv * dact[i];
           }
           want[h] += wts[t * K + k] * y[h];
-          tol[h] +=
-              wts[t * K + k] * (2 * step * largest + carried + sums * Bound(I, ymag[h], y[h]) +
-                                (cublas ? step * std::abs(y[h]) : 0.0));
+          tol[h] += wts[t * K + k] *
+                    (2 * act_step * largest + carried + rescale * ymag[h] +
+                     sums * Bound(I, ymag[h], y[h]) + (cublas ? step * std::abs(y[h]) : 0.0));
         }
       }
       for (int64_t h = 0; h < H; ++h) {
@@ -249,6 +291,35 @@ TEST_F(CudaMxfp4RoutedExpertsTest, ReplayedFromACudaGraph) {
 // DeepSeek-V4's clamped SwiGLU (a limit that clamps a good share of these g and u).
 TEST_F(CudaMxfp4RoutedExpertsTest, ClampedSwiGlu) {
   if (!kernels::Mxfp4MmaGemmAvailable()) GTEST_SKIP() << "no sm_80+ kernel for this device";
+  Run(3, false, 0.7f);
+  Run(9, true, 0.7f);
+}
+
+// W4A8 (kernels::Mxfp4W4a8GroupedGemm on e4m3 rows) at every device-path size: decode, more rows
+// than experts, the largest size it takes by default, replayed from a CUDA graph, V4's clamp.
+class CudaMxfp4W4a8RoutedExpertsTest : public CudaMxfp4RoutedExpertsTest {
+ protected:
+  void SetUp() override {
+    w4a8 = true;
+    CudaMxfp4RoutedExpertsTest::SetUp();
+    if (IsSkipped()) return;
+    if (!kernels::Mxfp4W4a8GemmAvailable()) GTEST_SKIP() << "no sm_89+ kernel for this device";
+  }
+};
+
+TEST_F(CudaMxfp4W4a8RoutedExpertsTest, DecodeSizes) {
+  Run(1, false);
+  Run(3, false);
+  Run(70, false);
+  Run(CudaTuning().mxfp4_w4a8_max_tokens, false);
+}
+
+TEST_F(CudaMxfp4W4a8RoutedExpertsTest, ReplayedFromACudaGraph) {
+  Run(1, true);
+  Run(9, true);
+}
+
+TEST_F(CudaMxfp4W4a8RoutedExpertsTest, ClampedSwiGlu) {
   Run(3, false, 0.7f);
   Run(9, true, 0.7f);
 }

@@ -22,7 +22,9 @@
 // Then the routed experts' grouped GEMMs at decode token counts (uniform random top-k):
 // kernels::Fp8MmaGroupedGemm (bf16 rows, the FP8 device path; "mma" its default tile
 // kernels::kGroupedMmaTile, "mma narrow" the plain register loop; the same pair for MXFP4),
-// kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own), kernels::Fp8GroupedGemm (fp32
+// kernels::Mxfp4MmaGroupedGemm (MXFP4 experts, a line of its own; "mxfp4 w4a8" beside it:
+// kernels::Mxfp4W4a8GroupedGemm on the e4m3 rows that "quant" makes, FP8 tensor cores, sm_89+,
+// and w4a8 + quant against mxfp4 mma), kernels::Fp8GroupedGemm (fp32
 // rows, the FP8 fallback) and kernels::GroupedGemmBf16 (bf16 weights, the bf16 path's kernel at 1-2
 // tokens), GB/s of the busy experts' weights; then "fp8 wgmma-swap":
 // kernels::Fp8WgmmaSwapGroupedGemm (W8A8 on wgmma, weights on the M side; compute capability 9.0)
@@ -58,6 +60,7 @@
 #include "kernels/gemm/fp8_tiled_gemm.h"
 #include "kernels/gemm/fp8_wgmma_decode.h"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
+#include "kernels/gemm/mxfp4_w4a8_gemm.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/testing/bench_timer.h"
@@ -416,7 +419,7 @@ void GroupedBench(const MoeShape& ms) {
     if (swap_ok) {
       BENCH_CUDA(kernels::Fp8WgmmaSwapBuildWeightMaps(E, w8.data(), n, k, k, swap_maps, nullptr));
     }
-    for (int32_t tokens : {1, 8, 64, 128, 256}) {
+    for (int32_t tokens : {1, 8, 32, 64, 128, 256}) {
       const bench::Routing routing = bench::RandomRouting(tokens, E, K);
       const int32_t busy = routing.busy;
       const int32_t rows = tokens * K;
@@ -507,6 +510,24 @@ void GroupedBench(const MoeShape& ms) {
               ? GraphMicros(
                     4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Fp8QuantizeRows(qp, st)); })
               : -1;
+      // MXFP4 W4A8: the same e4m3 rows and grouped scales as the swap kernel's.
+      kernels::Mxfp4W4a8GroupedGemmParams wp;
+      wp.num_groups = E, wp.max_rows = rows, wp.offsets = doff, wp.n = n, wp.k = k, wp.a = q8;
+      wp.a_scales = qs, wp.weights = dw4, wp.scales = dsc4;
+      wp.scale_ld = k / kernels::kMxfp4BlockSize, wp.c = c;
+      wp.rows_per_group_hint = mp.rows_per_group_hint;
+      const bool w4a8_takes = kernels::Mxfp4W4a8GroupedGemmSupports(wp);
+      const double w4a8_us = w4a8_takes
+                                 ? GraphMicros(4,
+                                               [&](int, cudaStream_t st) {
+                                                 BENCH_CUDA(kernels::Mxfp4W4a8GroupedGemm(wp, st));
+                                               })
+                                 : -1;
+      const double w4a8_quant_us =
+          w4a8_takes
+              ? GraphMicros(
+                    4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Fp8QuantizeRows(qp, st)); })
+              : -1;
       const double fp8_busy = static_cast<double>(busy) * (bytes + scales.size() * 4);
       const double bf16_busy = static_cast<double>(busy) * bytes * 2;
       std::printf(
@@ -525,6 +546,13 @@ void GroupedBench(const MoeShape& ms) {
           busy, mx_us, mx_us > 0 ? mx_busy / mx_us / 1e3 : 0.0, mx_regs_us,
           mx_regs_us > 0 ? mx_busy / mx_regs_us / 1e3 : 0.0, mx_us > 0 ? bf16_us / mx_us : 0.0,
           mx_us > 0 && mma_us > 0 ? mma_us / mx_us : 0.0);
+      std::printf(
+          "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | mxfp4 w4a8 %8.2f us %5.0f GB/s | quant "
+          "%6.2f us | w4a8 vs mxfp4 mma %5.2fx | w4a8+quant vs mxfp4 mma %5.2fx\n",
+          ms.name, gate_up ? "gate_up" : "down", static_cast<long>(n), static_cast<long>(k), tokens,
+          busy, w4a8_us, w4a8_us > 0 ? mx_busy / w4a8_us / 1e3 : 0.0, w4a8_quant_us,
+          w4a8_us > 0 && mx_us > 0 ? mx_us / w4a8_us : 0.0,
+          w4a8_us > 0 && mx_us > 0 ? mx_us / (w4a8_us + w4a8_quant_us) : 0.0);
       const double swap_all = swap_us + quant_us;
       std::printf(
           "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | fp8 wgmma-swap %8.2f us %5.0f GB/s | "
