@@ -315,16 +315,21 @@ cudaError_t MoeDecodeFusedFp8(const MoeDecodeFusedFp8Params& p, cudaStream_t str
                            Aligned16(p.hidden) && Aligned16(p.act);
   const bool variant_ok = p.variant == MoeDecodeFusedFp8Variant::kDefault ||
                           p.variant == MoeDecodeFusedFp8Variant::kPerRow ||
-                          p.variant == MoeDecodeFusedFp8Variant::kRowReuse;
+                          p.variant == MoeDecodeFusedFp8Variant::kRowReuse ||
+                          p.variant == MoeDecodeFusedFp8Variant::kStationary;
   if (!routed_ok || !shared_ok || !pointers_ok || !variant_ok) return cudaErrorInvalidValue;
   const MoeDecodeFusedFp8Variant variant = p.variant == MoeDecodeFusedFp8Variant::kDefault
                                                ? kMoeDecodeFusedFp8DefaultVariant
                                                : p.variant;
-  // kRowReuse's gate_up reads a row pair's scales from one scale row (an even split).
-  if (variant == MoeDecodeFusedFp8Variant::kRowReuse &&
-      p.hidden_size <= kMoeDecodeFusedFp8MaxStagedHidden && p.shared_gate_up_split_rows % 2 == 0) {
+  // kRowReuse's gate_up (kRowReuse's and kStationary's) reads a row pair's scales from one
+  // scale row (an even split).
+  const bool row_reuse = variant == MoeDecodeFusedFp8Variant::kRowReuse ||
+                         variant == MoeDecodeFusedFp8Variant::kStationary;
+  if (row_reuse && p.hidden_size <= kMoeDecodeFusedFp8MaxStagedHidden &&
+      p.shared_gate_up_split_rows % 2 == 0) {
     bool launched = false;
-    const cudaError_t err = moe_fp8_internal::LaunchRowReuse(p, stream, &launched);
+    const cudaError_t err = moe_fp8_internal::LaunchRowReuse(
+        p, variant == MoeDecodeFusedFp8Variant::kStationary, stream, &launched);
     if (err != cudaSuccess || launched) return err;
   }
   return p.num_tokens == 1 ? moe_fp8_internal::LaunchPerRow<1>(p, stream)

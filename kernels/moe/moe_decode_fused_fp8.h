@@ -3,7 +3,7 @@
 // FP8: e4m3 with one fp32 scale per 128 x 128 block (kernels/gemm/fp8_block_gemm.h's layout), so
 // a decode step reads one byte per weight instead of bf16's two.
 //
-// Two kernel pairs (MoeDecodeFusedFp8Variant), each a gate_up launch and a down launch, both
+// Three kernel pairs (MoeDecodeFusedFp8Variant), each a gate_up launch and a down launch, both
 // launched with programmatic dependent launch (kernels/common/launch.cuh) and summing across a
 // warp with a butterfly (deterministic, no atomics):
 // - kPerRow: the bf16 block's grid-strided pair: gate_up one warp per (part, row) pair, down one
@@ -15,6 +15,13 @@
 //   the 4 features' rows, the act workspace written by gate_up in an order in which a warp's act
 //   reads are contiguous. Taken where hidden_size <= kMoeDecodeFusedFp8MaxStagedHidden, the shared
 //   split row is even and the device gives the shared memory (else kPerRow).
+// - kStationary: kRowReuse's gate_up; at one token, where a feature's parts make at most 3 x 384
+//   chunks of 16 values ((top_k + shared_parts) * inter / 16: Moonlight 704, V3 1152), a down of
+//   one 384-thread block per SM over a contiguous range of output features whose threads each
+//   own the same few chunks of every feature and hold those chunks' act values, routing weights
+//   and row pointers in registers, so a weight load costs no act read and no table look-up
+//   (moe_decode_fused_fp8_stationary.cu); elsewhere kRowReuse's down (and kPerRow where
+//   kRowReuse's gate_up does not apply). Its sums are kRowReuse's in another order.
 // Each lane's 16 weights lie in one 128-wide k block: their products with the fp32 activations
 // are summed in fp32 in k order, the sum multiplied by the block's scale and added to the lane's
 // fp32 accumulator.
@@ -23,9 +30,9 @@
 // subnormals included) and folds 2^120 into the block scale; products under fp32's normal range
 // in that scaled domain (|product| < 2^-126, i.e. |a * w| < 2^-6 before the scale) keep fewer
 // bits, an absolute error of at most 2^-30 * scale per product; e4m3 NaN bytes read as +-480.
-// kRowReuse widens them with cvt.f16x2.e4m3x2 then fp16 -> fp32 (exact: every e4m3 value is an
-// fp16 value), so products are the fp32 products of the exact weights; e4m3 NaN bytes read as
-// NaN. Checkpoints hold no NaN bytes. CPU reference: moe_decode_fused_fp8_test.
+// kRowReuse and kStationary widen them with cvt.f16x2.e4m3x2 then fp16 -> fp32 (exact: every e4m3
+// value is an fp16 value), so products are the fp32 products of the exact weights; e4m3 NaN bytes
+// read as NaN. Checkpoints hold no NaN bytes. CPU reference: moe_decode_fused_fp8_test.
 #ifndef DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_FP8_H_
 #define DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_FP8_H_
 
@@ -40,9 +47,14 @@ namespace kernels {
 
 // The kernel pairs of the block (see the top of this file); kDefault is
 // kMoeDecodeFusedFp8DefaultVariant.
-enum class MoeDecodeFusedFp8Variant : int32_t { kDefault = 0, kPerRow = 1, kRowReuse = 2 };
+enum class MoeDecodeFusedFp8Variant : int32_t {
+  kDefault = 0,
+  kPerRow = 1,
+  kRowReuse = 2,
+  kStationary = 3,
+};
 inline constexpr MoeDecodeFusedFp8Variant kMoeDecodeFusedFp8DefaultVariant =
-    MoeDecodeFusedFp8Variant::kRowReuse;
+    MoeDecodeFusedFp8Variant::kStationary;
 // kRowReuse's largest hidden_size (its hidden rows in shared memory: 4 * num_tokens * hidden_size
 // bytes a block).
 inline constexpr int32_t kMoeDecodeFusedFp8MaxStagedHidden = 8192;

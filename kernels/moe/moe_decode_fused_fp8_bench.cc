@@ -1,21 +1,25 @@
 // moe_decode_fused_fp8_bench: kernels::MoeDecodeFusedFp8 (the FP8 fused decode MoE block, one
-// gate_up and one down launch) per kernel pair (MoeDecodeFusedFp8Variant: per_row, row_reuse;
-// "default" is the one the backend takes), at Moonlight's shape (64 experts, top-6, hidden 2048,
-// moe_intermediate 1408, 2 shared experts) and DeepSeek-V3's (256, top-8, 7168, 2048, 1 shared)
-// with e4m3 weights and 128 x 128 block scales, at 1 and 2 tokens.
+// gate_up and one down launch) per kernel pair (MoeDecodeFusedFp8Variant: per_row, row_reuse,
+// stationary; "default" is the one the backend takes), at Moonlight's shape (64 experts, top-6,
+// hidden 2048, moe_intermediate 1408, 2 shared experts) and DeepSeek-V3's (256, top-8, 7168,
+// 2048, 1 shared) with e4m3 weights and 128 x 128 block scales, at 1 and 2 tokens. row_reuse and
+// stationary launch the same gate_up; at 1 token they differ in the down kernel only
+// (kRowReuse's 4-features-a-pass down against the stationary down), at 2 tokens they are the
+// same pair.
 //
 // A CUDA graph holds kLayers launch pairs, each layer with its own shared weights and routing
 // (distinct experts across layers and tokens, from a pool of kPoolExperts experts), so a replay
 // streams every layer's weights from HBM (far beyond the 50 MB L2). Time: per launch pair, the
 // median over kReplays timed replays (bench::GraphMicrosPerLaunch). "MB": the weights and scales
-// one launch pair reads (its distinct experts and the shared MLP); GB/s is that over the time. "rel
+// one launch pair reads (its distinct experts and the shared MLP); TB/s is that over the time. "rel
 // diff": largest |out - per_row out| over the first layer's output, relative to its largest
 // |per_row out| (per_row itself: 0).
 //
 //   moe_decode_fused_fp8_bench [SHAPE [TOKENS]]   (SHAPE moonlight or v3, TOKENS 1 or 2: that
 //        case only; exit status 1 on an error), e.g. kRowReuse's gate_up and down under Nsight
 //        Compute: `ncu --kernel-name-base demangled -k regex:ReuseBody -c 2
-//        moe_decode_fused_fp8_bench moonlight 1` (kPerRow's: `-k 'regex:::(GateUp|Down)Body<'`)
+//        moe_decode_fused_fp8_bench moonlight 1` (kPerRow's: `-k 'regex:::(GateUp|Down)Body<'`;
+//        the stationary down: `-k regex:DownStationary -c 1`)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -98,6 +102,8 @@ const char* VariantName(MoeDecodeFusedFp8Variant v) {
       return "per_row";
     case MoeDecodeFusedFp8Variant::kRowReuse:
       return "row_reuse";
+    case MoeDecodeFusedFp8Variant::kStationary:
+      return "stationary";
   }
   return "?";
 }
@@ -211,7 +217,7 @@ void RunShape(const Shape& s, int tokens) {
 
   for (const MoeDecodeFusedFp8Variant v :
        {MoeDecodeFusedFp8Variant::kPerRow, MoeDecodeFusedFp8Variant::kRowReuse,
-        MoeDecodeFusedFp8Variant::kDefault}) {
+        MoeDecodeFusedFp8Variant::kStationary, MoeDecodeFusedFp8Variant::kDefault}) {
     const std::vector<float> out = layer0(v);
     double diff = 0;
     for (size_t i = 0; i < out.size(); ++i) {
@@ -225,8 +231,8 @@ void RunShape(const Shape& s, int tokens) {
           BENCH_CUDA(kernels::MoeDecodeFusedFp8(p, st));
         },
         kReplays);
-    std::printf("%-9s tokens %d  %-9s  %8.2f us  %7.1f MB  %7.0f GB/s  rel diff %.3g\n", s.name,
-                tokens, VariantName(v), us, pair_bytes / 1e6, pair_bytes / us / 1e3,
+    std::printf("%-9s tokens %d  %-10s  %8.2f us  %7.1f MB  %5.2f TB/s  rel diff %.3g\n", s.name,
+                tokens, VariantName(v), us, pair_bytes / 1e6, pair_bytes / us / 1e6,
                 ref_max > 0 ? diff / ref_max : diff);
   }
   BENCH_CUDA(cudaStreamDestroy(stream));

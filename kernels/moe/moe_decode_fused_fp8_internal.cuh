@@ -1,9 +1,12 @@
-// Pieces shared by the FP8 fused decode MoE block's kernel pairs (moe_decode_fused_fp8.h):
-// kPerRow and the entry point in moe_decode_fused_fp8.cu, kRowReuse in
-// moe_decode_fused_fp8_row_reuse.cu. Include only from those .cu files.
+// Pieces shared by the FP8 fused decode MoE block's kernels (moe_decode_fused_fp8.h): kPerRow
+// and the entry point in moe_decode_fused_fp8.cu, kRowReuse's pair in
+// moe_decode_fused_fp8_row_reuse.cu, kStationary's down in moe_decode_fused_fp8_stationary.cu.
+// Include only from those .cu files.
 #ifndef DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_FP8_INTERNAL_CUH_
 #define DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_FP8_INTERNAL_CUH_
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -27,6 +30,40 @@ __device__ __forceinline__ float WarpSum(float s) {
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
   return s;
+}
+
+// The order in which kRowReuse's gate_up writes an act row, read by both downs after it: the
+// position of act value j (of a row of inter = 16 * kvi values), vector v = j / 16's float4 q
+// stored as float4 q * kvi + v, so that kRowReuse down's lanes reading float4 q of consecutive
+// vectors read consecutive 16 bytes (the stationary down reads a vector's 4 float4s once).
+__device__ __forceinline__ int ActIndex(int j, int kvi) {
+  return 4 * (((j >> 2) & 3) * kvi + (j >> 4)) + (j & 3);
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& w, int q) {
+  return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
+}
+
+// The e4m3 bytes of w (the lowest first) as their fp32 values: cvt.f16x2.e4m3x2 (exact) and
+// fp16 -> fp32.
+__device__ __forceinline__ void Fp8x4(uint32_t w, float f[4]) {
+  const __half2 lo(
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3));
+  const __half2 hi(
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3));
+  const float2 a = __half22float2(lo), b = __half22float2(hi);
+  f[0] = a.x;
+  f[1] = a.y;
+  f[2] = b.x;
+  f[3] = b.y;
+}
+
+// s + a.x * w[0] + a.y * w[1] + a.z * w[2] + a.w * w[3], in that order.
+__device__ __forceinline__ float Dot4(const float4& a, const float w[4], float s) {
+  s = fmaf(a.x, w[0], s);
+  s = fmaf(a.y, w[1], s);
+  s = fmaf(a.z, w[2], s);
+  return fmaf(a.w, w[3], s);
 }
 
 __device__ __forceinline__ bool ValidExpert(const MoeDecodeFusedFp8Params& p, int32_t e) {
@@ -131,10 +168,22 @@ __device__ void BuildPartTable(const MoeDecodeFusedFp8Params& p, PartTable<kT>* 
   if (lane == 0) tab->count = count;
 }
 
-// Launches the kRowReuse pair, *launched false (nothing launched, cudaSuccess) where the device
-// lacks its shared memory. The arguments are checked by MoeDecodeFusedFp8, hidden_size <=
-// kMoeDecodeFusedFp8MaxStagedHidden and shared_gate_up_split_rows even.
-cudaError_t LaunchRowReuse(const MoeDecodeFusedFp8Params& p, cudaStream_t stream, bool* launched);
+// Launches kRowReuse's gate_up, then kRowReuse's down, or where stationary_down and
+// StationaryDownApplies(p) the stationary down; *launched false (nothing launched, cudaSuccess)
+// where the device lacks gate_up's shared memory. The arguments are checked by
+// MoeDecodeFusedFp8, hidden_size <= kMoeDecodeFusedFp8MaxStagedHidden and
+// shared_gate_up_split_rows even.
+cudaError_t LaunchRowReuse(const MoeDecodeFusedFp8Params& p, bool stationary_down,
+                           cudaStream_t stream, bool* launched);
+
+// Whether the stationary down takes p: one token and a feature's 16-value chunks,
+// (top_k + shared_parts) * inter / 16, at most its threads times its chunks per thread.
+bool StationaryDownApplies(const MoeDecodeFusedFp8Params& p);
+
+// Launches the stationary down (one block per SM of the sms the device has) after a launch of
+// kRowReuse's gate_up on the stream (it reads act in ActIndex's order); p checked, and
+// StationaryDownApplies(p).
+cudaError_t LaunchStationaryDown(const MoeDecodeFusedFp8Params& p, int sms, cudaStream_t stream);
 
 }  // namespace moe_fp8_internal
 }  // namespace kernels

@@ -1,7 +1,6 @@
 // The kRowReuse pair of the FP8 fused decode MoE block (moe_decode_fused_fp8.h): activation
-// reads shared by several weight rows, e4m3 widened with cvt.f16x2.e4m3x2.
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
+// reads shared by several weight rows, e4m3 widened with cvt.f16x2.e4m3x2. kStationary launches
+// the same gate_up (then its own down, moe_decode_fused_fp8_stationary.cu, where it applies).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,39 +35,6 @@ constexpr int kDownFeatures = 4;
 // float4s permuted so that 8 lanes reading q of 8 consecutive v hit 8 different 16-byte bank
 // groups.
 __device__ __forceinline__ int SwizzledX4(int v, int q) { return 4 * v + (q ^ ((v >> 1) & 3)); }
-
-// Position of act value j (of a row of inter = 16 * kvi values): vector v = j / 16's float4 q
-// stored as float4 q * kvi + v, so that down's lanes reading float4 q of consecutive vectors
-// read consecutive 16 bytes.
-__device__ __forceinline__ int ActIndex(int j, int kvi) {
-  return 4 * (((j >> 2) & 3) * kvi + (j >> 4)) + (j & 3);
-}
-
-__device__ __forceinline__ uint32_t Word(const uint4& w, int q) {
-  return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
-}
-
-// The e4m3 bytes of w (the lowest first) as their fp32 values: cvt.f16x2.e4m3x2 (exact) and
-// fp16 -> fp32.
-__device__ __forceinline__ void Fp8x4(uint32_t w, float f[4]) {
-  const __half2 lo(
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3));
-  const __half2 hi(
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3));
-  const float2 a = __half22float2(lo), b = __half22float2(hi);
-  f[0] = a.x;
-  f[1] = a.y;
-  f[2] = b.x;
-  f[3] = b.y;
-}
-
-// s + a.x * w[0] + a.y * w[1] + a.z * w[2] + a.w * w[3], in that order.
-__device__ __forceinline__ float Dot4(const float4& a, const float w[4], float s) {
-  s = fmaf(a.x, w[0], s);
-  s = fmaf(a.y, w[1], s);
-  s = fmaf(a.z, w[2], s);
-  return fmaf(a.w, w[3], s);
-}
 
 // A gate_up item's rows.
 template <int kT>
@@ -416,9 +382,10 @@ int SmemPerSm() {
 }
 
 // As moe_decode_fused_fp8.cu's LaunchPerRow; gate_up with the hidden rows in dynamic shared
-// memory (its blocks per SM also bounded by that).
+// memory (its blocks per SM also bounded by that); down kRowReuse's or the stationary one.
 template <int kT>
-cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, cudaStream_t stream, bool* launched) {
+cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, bool stationary_down, cudaStream_t stream,
+                       bool* launched) {
   constexpr auto kGateUp =
       PrefetchEntryKernel<PrefetchSharedItem<kT>, GateUpReuseBody<kT>, kReuseThreads>();
   constexpr auto kDown = EntryKernel<DownReuseBody<kT>, kDownThreads>();
@@ -449,15 +416,18 @@ cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, cudaStream_t stream, bo
                                                           GateUpReuseBody<kT>, kReuseThreads>(
       dim3(static_cast<unsigned>(gate_up_blocks)), static_cast<size_t>(smem), stream, p);
   if (err != cudaSuccess) return err;
+  if (stationary_down && StationaryDownApplies(p))
+    return LaunchStationaryDown(p, facts.sms, stream);
   return LaunchAfterPrecedingGrids<DownReuseBody<kT>, kDownThreads>(
       dim3(static_cast<unsigned>(down_blocks)), 0, stream, p);
 }
 
 }  // namespace
 
-cudaError_t LaunchRowReuse(const MoeDecodeFusedFp8Params& p, cudaStream_t stream, bool* launched) {
-  return p.num_tokens == 1 ? LaunchPair<1>(p, stream, launched)
-                           : LaunchPair<2>(p, stream, launched);
+cudaError_t LaunchRowReuse(const MoeDecodeFusedFp8Params& p, bool stationary_down,
+                           cudaStream_t stream, bool* launched) {
+  return p.num_tokens == 1 ? LaunchPair<1>(p, stationary_down, stream, launched)
+                           : LaunchPair<2>(p, stationary_down, stream, launched);
 }
 
 }  // namespace moe_fp8_internal

@@ -7,7 +7,12 @@
 // non-identity slot table, an invalid expert id, all-subnormal e4m3 weights, top_k 0 (a dense
 // MLP: the routed fields null), poisoned workspace and output, and the argument checks; every
 // case run by each kernel pair (MoeDecodeFusedFp8Variant), kRowReuse also past its largest staged
-// hidden size (where it runs kPerRow).
+// hidden size (where it runs kPerRow). kStationary's own down runs at 1 token where a feature has
+// at most 3 x 384 chunks of 16 values ((top_k + shared_parts) * inter / 16): every 1-token case
+// here but the one past that limit (where it runs kRowReuse's down) and those past kRowReuse's
+// staged hidden size; its 2-chunk form up to 768 chunks (Moonlight's 704), its 3-chunk form
+// above (the 896- and 1152-chunk cases: V3's real sizes); at V3's hidden (7168 features, 55 a
+// block on 132 SMs) a block's features cross a 128-row scale block.
 #include "kernels/moe/moe_decode_fused_fp8.h"
 
 #include <algorithm>
@@ -198,7 +203,8 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_cho
   p.out = dout.get();
 
   for (const kernels::MoeDecodeFusedFp8Variant variant :
-       {kernels::MoeDecodeFusedFp8Variant::kPerRow, kernels::MoeDecodeFusedFp8Variant::kRowReuse}) {
+       {kernels::MoeDecodeFusedFp8Variant::kPerRow, kernels::MoeDecodeFusedFp8Variant::kRowReuse,
+        kernels::MoeDecodeFusedFp8Variant::kStationary}) {
     SCOPED_TRACE(::testing::Message() << "variant " << static_cast<int>(variant));
     p.variant = variant;
     dact.Poison();
@@ -226,7 +232,8 @@ TEST(MoeDecodeFusedFp8Test, OneTokenMatchesHostReference) {
   Check(kV3Small, 1, 0);
   Check({16, 6, 256, 96, 0}, 1, 0);   // no shared experts
   Check({8, 2, 4096, 48, 3}, 1, 0);   // hidden beyond one unrolled chunk of the gate_up warp
-  Check({8, 6, 256, 2048, 1}, 1, 0);  // a feature's parts beyond one down batch
+  Check({8, 6, 256, 2048, 1}, 1, 0);  // a feature's parts beyond one down batch (896 chunks)
+  Check({8, 6, 256, 4096, 1}, 1, 0);  // 1792 chunks: past kStationary's down (kRowReuse's runs)
   Check({16, 8, 256, 176, 3}, 1, 0);  // shared parts not on 128-column block boundaries
   Check({10, 8, 7168, 64, 1}, 1, 0);  // DeepSeek-V3's hidden size
   // Past kRowReuse's largest staged hidden size.
@@ -263,14 +270,23 @@ TEST(MoeDecodeFusedFp8Test, DenseMlpWithoutRoutingMatchesHostReference) {
   Check({0, 0, 256, 96, 8}, 2, 0);
 }
 
-// Moonlight's real sizes (hidden 2048, moe_intermediate 1408, 2 shared parts), 8 experts, and
-// its dense layer (intermediate 11264 as one part).
+// Moonlight's real sizes (hidden 2048, moe_intermediate 1408, 2 shared parts: 704 chunks of a
+// feature), 8 experts, and its dense layer (intermediate 11264 as one part).
 TEST(MoeDecodeFusedFp8Test, MoonlightSizesMatchHostReference) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const Shape moonlight{8, 6, 2048, 1408, 2};
   Check(moonlight, 1, 0);
   Check(moonlight, 2, 4);
   Check({0, 0, 2048, 11264, 1}, 1, 0);
+}
+
+// DeepSeek-V3's real sizes (hidden 7168, moe_intermediate 2048, top-8 and 1 shared part: 1152
+// chunks of a feature, kStationary's largest), 8 experts, 1 token; one choice invalid.
+TEST(MoeDecodeFusedFp8Test, V3SizesMatchHostReference) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const Shape v3{8, 8, 7168, 2048, 1};
+  Check(v3, 1, 0);
+  Check(v3, 1, 0, /*invalid_choice=*/5);
 }
 
 TEST(MoeDecodeFusedFp8Test, RejectsBadArguments) {
@@ -342,7 +358,7 @@ TEST(MoeDecodeFusedFp8Test, RejectsBadArguments) {
   q.topk_ids = nullptr;
   expect_invalid(q, "null topk_ids with top_k > 0");
   q = p;
-  q.variant = static_cast<kernels::MoeDecodeFusedFp8Variant>(3);
+  q.variant = static_cast<kernels::MoeDecodeFusedFp8Variant>(4);
   expect_invalid(q, "unknown variant");
 }
 

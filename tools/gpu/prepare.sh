@@ -140,7 +140,8 @@ tools=(//tools/bench:deepinfer-bench)
   //kernels/attention:mla_prefill_bench //kernels/attention:mha_prefill_bench
   //kernels/moe:grouped_gemm_bench //kernels/gemm:small_m_gemm_bench
   //kernels/gemm:fp8_block_gemm_bench //kernels/gemm:fp8_quantize_bench
-  //kernels/moe:moe_prefill_bench //kernels/sampling:sampling_bench
+  //kernels/moe:moe_prefill_bench //kernels/moe:moe_decode_fused_fp8_bench
+  //kernels/sampling:sampling_bench
   //kernels/v4:sink_attention_bench //kernels/v4:indexer_topk_bench //kernels/norm:rms_norm_bench
   //kernels/v4:hyper_connection_bench
   //worker/backend/cuda:moe_decode_bench //worker/backend/cuda:moe_block_decode_bench
