@@ -124,19 +124,23 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSmallMmaKernel(MlaAttent
   const int tiles = (n + kKeys - 1) / kKeys;
   const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
 
-  // Tile i into ring slot i % kStages, one copy group (empty past the last tile): thread copies
-  // pieces crow_piece + 4 c of row crow (64-byte strides from one block-table lookup).
+  // Thread tid copies pieces cpiece + 4 c of row crow of every tile (64-byte strides from one
+  // block-table lookup). row_of(i): the cache offset of that row in tile i (-1: past the keys);
+  // the lookups run a tile ahead of the copies, so no copy waits for one.
   const int crow = tid / kThreadsPerRow, cpiece = tid % kThreadsPerRow;
+  auto row_of = [&](int i) -> int64_t {
+    const int k = i * kKeys + crow;
+    if (k >= n) return -1;
+    const int j = cb + k;
+    return (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * kDim;
+  };
+  // Tile i into ring slot i % kStages as one copy group (empty past the last tile); rows past
+  // the keys are zero-filled.
   const uint32_t ring_addr = SharedAddr(ring) + (crow * kLd + cpiece * 8) * 2;
-  auto issue = [&](int i) {
+  auto issue = [&](int i, int64_t row) {
     if (i < tiles) {
-      const int k = i * kKeys + crow;
-      const bool valid = k < n;
-      const __nv_bfloat16* src = cache;
-      if (valid) {
-        const int j = cb + k;
-        src += (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * kDim + cpiece * 8;
-      }
+      const bool valid = row >= 0;
+      const __nv_bfloat16* src = cache + (valid ? row + cpiece * 8 : 0);
       const uint32_t dst = ring_addr + (i % kStages) * (kKeys * kLd * 2);
 #pragma unroll
       for (int c = 0; c < kRowChunksPerThread; ++c) {
@@ -146,28 +150,37 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSmallMmaKernel(MlaAttent
     }
     CopyAsyncCommit();
   };
+  // The first tiles' lookups and this warp's query values are loaded together (neither waits
+  // for the other), then the first tiles' copies start and the query becomes bf16 A fragments of
+  // the warp's k-steps 9 warp + i: register r holds head g + 8 (r & 1), columns
+  // 16 ks + 2 tq + 8 (r >> 1) + {0, 1}.
+  int64_t rows[kStages - 1];
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
-
-  // Q as bf16 A fragments of this warp's k-steps 9 warp + i: register r holds head
-  // g + 8 (r & 1), columns 16 ks + 2 tq + 8 (r >> 1) + {0, 1}.
-  uint32_t qa[kWarpKSteps][4];
+  for (int s = 0; s < kStages - 1; ++s) rows[s] = row_of(s);
+  float2 qv[kWarpKSteps][4];
 #pragma unroll
   for (int i = 0; i < kWarpKSteps; ++i) {
     const int ks = warp * kWarpKSteps + i;
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int h = h0 + g + (r & 1) * 8, c = ks * 16 + 2 * tq + (r >> 1) * 8;
-      float2 x;
       if (ks * 16 < kLatent) {
-        x = *reinterpret_cast<const float2*>(p.q_latent + (t * heads + h) * kLatent + c);
+        qv[i][r] = *reinterpret_cast<const float2*>(p.q_latent + (t * heads + h) * kLatent + c);
       } else {
         const float* qr =
             p.q_rope + t * p.q_rope_token_stride + h * p.q_rope_head_stride + (c - kLatent);
-        x = make_float2(qr[0], qr[1]);
+        qv[i][r] = make_float2(qr[0], qr[1]);
       }
-      qa[i][r] = PackBf16(x.x, x.y);
     }
+  }
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s, rows[s]);
+  int64_t next_row = row_of(kStages - 1);  // of the tile the loop's first iteration issues
+  uint32_t qa[kWarpKSteps][4];
+#pragma unroll
+  for (int i = 0; i < kWarpKSteps; ++i) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) qa[i][r] = PackBf16(qv[i][r].x, qv[i][r].y);
   }
 
   const float scale2 = p.softmax_scale * 1.4426950408889634f;  // base 2 softmax
@@ -182,7 +195,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSmallMmaKernel(MlaAttent
   for (int i = 0; i < tiles; ++i) {
     CopyAsyncWait<kStages - 2>();
     __syncthreads();  // tile i is visible; every warp is done with tile i - 1 (its slot, red)
-    issue(i + kStages - 1);
+    issue(i + kStages - 1, next_row);
+    next_row = row_of(i + kStages);
     const __nv_bfloat16* kt = ring + (i % kStages) * kKeys * kLd;
 
     // Partial scores over this warp's k-steps: n-tile j = keys 8 j .. 8 j + 7.
