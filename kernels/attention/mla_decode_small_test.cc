@@ -223,8 +223,8 @@ TEST_P(MlaDecodeSmallTest, MatchesCpuBackendForEveryShape) {
         pr.out->Poison();
         const cudaError_t e = kernels::MlaDecodeSmall(pr.params, o, nullptr);
         if (e == cudaErrorNotSupported) {  // the device cannot schedule this cluster size
-          std::cout << "[mla-decode-small] " << s.name << " cluster " << cluster
-                    << ": not schedulable here\n";
+          std::cout << "[mla-decode-small] " << s.name << (tc ? " tensor-core" : " CUDA-core")
+                    << " cluster " << cluster << ": not schedulable here\n";
           continue;
         }
         DEEPINFER_CUDA_OK(e);
