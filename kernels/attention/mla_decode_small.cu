@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "kernels/attention/mla_decode_small.h"
+#include "kernels/attention/mla_decode_small_mma.h"
 #include "kernels/common/kernel_facts.h"
 
 namespace deepinfer {
@@ -472,14 +473,33 @@ bool MlaDecodeSmallSupported(const MlaAttentionParams& p) {
   return f.error == cudaSuccess && f.clusters;
 }
 
+MlaDecodeSmallForm MlaDecodeSmallFormFor(const MlaAttentionParams& params,
+                                         const MlaDecodeSmallOptions& options) {
+  return options.form == MlaDecodeSmallForm::kTensorCore && params.num_heads > 0 &&
+                 params.num_heads % mla_decode_small_internal::kMmaHeads == 0 &&
+                 mla_decode_small_internal::MmaKernelRuns()
+             ? MlaDecodeSmallForm::kTensorCore
+             : MlaDecodeSmallForm::kCudaCore;
+}
+
 cudaError_t MlaDecodeSmallShape(const MlaAttentionParams& params,
                                 const MlaDecodeSmallOptions& options, int* cluster,
                                 int* heads_per_block) {
   const int want_cluster = options.cluster_size, want_heads = options.heads_per_block;
   if (!MlaDecodeSmallSupported(params) || want_cluster < 0 || want_cluster > kMaxCluster ||
       (want_cluster & (want_cluster - 1)) != 0 ||
-      (want_heads != 0 && want_heads != 1 && want_heads != 2 && want_heads != 4)) {
+      (want_heads != 0 && want_heads != 1 && want_heads != 2 && want_heads != 4) ||
+      (options.form != MlaDecodeSmallForm::kCudaCore &&
+       options.form != MlaDecodeSmallForm::kTensorCore)) {
     return cudaErrorInvalidValue;
+  }
+  if (MlaDecodeSmallFormFor(params, options) == MlaDecodeSmallForm::kTensorCore) {
+    if (params.num_heads / mla_decode_small_internal::kMmaHeads > 65535) {
+      return cudaErrorInvalidValue;
+    }
+    const cudaError_t e = mla_decode_small_internal::MmaCluster(params, want_cluster, cluster);
+    if (e == cudaSuccess) *heads_per_block = mla_decode_small_internal::kMmaHeads;
+    return e;
   }
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
@@ -523,6 +543,9 @@ cudaError_t MlaDecodeSmall(const MlaAttentionParams& params, const MlaDecodeSmal
   int cluster = 0, heads_per_block = 0;
   cudaError_t e = MlaDecodeSmallShape(params, options, &cluster, &heads_per_block);
   if (e != cudaSuccess) return e;
+  if (heads_per_block == mla_decode_small_internal::kMmaHeads) {
+    return mla_decode_small_internal::MmaLaunch(params, cluster, stream);
+  }
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t c = LaunchConfig(params, cluster, heads_per_block, stream, &attr);
   e = cudaLaunchKernelEx(&c, KernelFor(heads_per_block), params);

@@ -12,7 +12,9 @@
 // / 24.4 us against MlaAttentionF32's default key-split kernel + combine at 11.6 / 11.7 / 11.8
 // / 13.6 us; 2-8 tokens lose at 4096. Its work per key is fp32 CUDA-core instructions, so its time
 // grows with the context faster than the tensor-core kernel's: CudaBackend uses it for one decode
-// token up to CudaTuning::mla_decode_small_max_context positions.
+// token up to CudaTuning::mla_decode_small_max_context positions. MlaDecodeSmallOptions::form
+// selects a tensor-core form of the same cluster design (16 heads a block, bf16 Q and P;
+// MlaDecodeSmallForm::kTensorCore).
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_
 
@@ -32,11 +34,27 @@ constexpr int32_t kMlaDecodeSmallRope = 64;
 // and needs the device's consent (cudaOccupancyMaxActiveClusters).
 constexpr int32_t kMlaDecodeSmallMaxCluster = 16;
 
+// The arithmetic of the kernel.
+enum class MlaDecodeSmallForm : int32_t {
+  // fp32 CUDA-core math on the fp32 query and the exact bf16 keys (the header's top comment).
+  kCudaCore = 0,
+  // Tensor cores (mma.sync m16n8k16, bf16 in, fp32 sums; mla_decode_small_mma.cu): a block
+  // takes 16 heads (the MMA's M), stages 32-key tiles of cache rows in shared memory and runs
+  // the online softmax over them in fp32. The scores use the query rounded to bf16 (nearest
+  // even) and P . V the probabilities rounded to bf16, as MlaAttentionF32's key-split and wgmma
+  // kernels (MlaAttentionBf16Operands): results match a reference on the bf16-rounded query to
+  // within 2^-9 max |latent| per output element. Takes num_heads a multiple of 16; other head
+  // counts run kCudaCore. Launched with programmatic dependent launch (kernels/common/pdl.h):
+  // it may start before the preceding kernel ends and waits for it before any read.
+  kTensorCore = 1,
+};
+
 struct MlaDecodeSmallOptions {
   // Blocks per cluster = context splits per (token, head group): 1, 2, 4, 8 or 16; 0 = auto.
   int32_t cluster_size = 0;
-  // Heads per block: 1, 2 or 4; 0 = auto.
+  // Heads per block of kCudaCore: 1, 2 or 4; 0 = auto (kTensorCore always takes 16).
   int32_t heads_per_block = 0;
+  MlaDecodeSmallForm form = MlaDecodeSmallForm::kCudaCore;
 };
 
 // True when MlaDecodeSmall takes these params on the current device: a bf16 cache of latent 512 +
@@ -44,10 +62,17 @@ struct MlaDecodeSmallOptions {
 // device and binary with thread-block clusters (sm_90 code).
 bool MlaDecodeSmallSupported(const MlaAttentionParams& params);
 
+// The form MlaDecodeSmall runs for these params and options: options.form, except kCudaCore
+// for a kTensorCore request whose num_heads is not a multiple of 16 (or on a device where the
+// tensor-core kernel does not run).
+MlaDecodeSmallForm MlaDecodeSmallFormFor(const MlaAttentionParams& params,
+                                         const MlaDecodeSmallOptions& options);
+
 // The (cluster size, heads per block) MlaDecodeSmall runs for these params and options: the
 // given values, and for each 0 the first of cluster 8, 4, 2, 1 and heads 1, 2, 4 (in that
 // order) whose tokens x head groups clusters all fit on the device at once
-// (cudaOccupancyMaxActiveClusters), else the last that fits at all; auto never picks 16.
+// (cudaOccupancyMaxActiveClusters), else the last that fits at all; auto never picks 16. The
+// tensor-core form (MlaDecodeSmallFormFor) chooses the cluster the same way, heads per block 16.
 // cudaErrorInvalidValue for unsupported params or options out of range, cudaErrorNotSupported
 // when the device cannot schedule any candidate cluster (e.g. a given 16).
 cudaError_t MlaDecodeSmallShape(const MlaAttentionParams& params,

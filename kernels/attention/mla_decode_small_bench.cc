@@ -1,15 +1,17 @@
-// Times MlaDecodeSmall against MlaAttentionF32 (the tensor-core kernel with split-K and its
-// combine: the path it replaces) on the Moonlight decode shape (16 heads, latent 512 + rope 64,
-// bf16 cache, block 16). Default: 1 request at 256 ... 4096 positions (where
-// CudaTuning::mla_decode_small_max_context comes from), the automatic cluster shape only; `full`:
-// also every cluster shape at 1, 2, 4 and 8 requests of 1024 and 4096 positions; `shapes`: every
-// cluster shape at 1 x 1024 only. Per case and kernel: the mean per call of 10 calls captured in
-// one CUDA graph and replayed 5 times (as the decode step runs them; MlaAttentionF32 as the backend
+// Times MlaDecodeSmall's two forms (CUDA-core and tensor-core, MlaDecodeSmallForm) against
+// MlaAttentionF32 (the tensor-core kernel with split-K and its combine: the path it replaces) on
+// the DeepSeek decode cache (latent 512 + rope 64, bf16, block 16). Default: 1 request at
+// 256 ... 4096 positions with 16 heads (Moonlight; where CudaTuning::mla_decode_small_max_context
+// comes from) and at 256 ... 4096 with 128 heads (V3): the CUDA-core form's automatic shape, the
+// tensor-core form's automatic cluster and clusters 4, 8 and 16; `full`: also every CUDA-core
+// cluster shape at 1, 2, 4 and 8 requests of 1024 and 4096 positions; `shapes`: every shape of
+// both forms at 1 x 1024 only. Per case and kernel: the mean per call of 10 calls captured in one
+// CUDA graph and replayed 5 times (as the decode step runs them; MlaAttentionF32 as the backend
 // calls it, allocating its workspace in the stream, and with a caller's workspace), the eager
-// median of 20, and the largest difference between the two kernels' outputs. `chain`: one token's
-// attention core as the decode step runs it at 1024 positions (norm + rope + cache write, W_uk,
-// MlaDecodeSmall, W_uv; PDL as in the model): the first two as two launches or one
-// (NormRopeCacheAbsorbQueryF32), 10 chains per graph.
+// median of 20, and the largest difference between each form's output and MlaAttentionF32's.
+// `chain`: one token's attention core as the decode step runs it at 1024 positions (norm + rope +
+// cache write, W_uk, MlaDecodeSmall, W_uv; PDL as in the model): the first two as two launches or
+// one (NormRopeCacheAbsorbQueryF32), with each form, 10 chains per graph.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -35,6 +37,8 @@ using bench::Uniform;
 using bench::Upload;
 
 constexpr int32_t kLatent = 512, kRope = 64, kBlockSize = 16, kHeads = 16;
+constexpr kernels::MlaDecodeSmallForm kCudaCore = kernels::MlaDecodeSmallForm::kCudaCore;
+constexpr kernels::MlaDecodeSmallForm kTensorCore = kernels::MlaDecodeSmallForm::kTensorCore;
 
 uint16_t Bf16Bits(float f) {  // nearest even (finite inputs)
   uint32_t u;
@@ -45,7 +49,7 @@ uint16_t Bf16Bits(float f) {  // nearest even (finite inputs)
 
 using bench::GraphMeanMs;
 
-void Run(int32_t seqs, int32_t context, bool every_shape, cudaStream_t stream) {
+void Run(int32_t seqs, int32_t context, int32_t heads, bool every_shape, cudaStream_t stream) {
   const int64_t entry = kLatent + kRope;
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int64_t num_blocks = static_cast<int64_t>(seqs) * blocks_per_seq;
@@ -59,13 +63,13 @@ void Run(int32_t seqs, int32_t context, bool every_shape, cudaStream_t stream) {
   std::vector<uint16_t> cache16(values.size());
   for (size_t i = 0; i < values.size(); ++i) cache16[i] = Bf16Bits(values[i]);
   const int64_t qk = 128 + kRope;
-  const size_t out_elems = static_cast<size_t>(seqs) * kHeads * kLatent;
+  const size_t out_elems = static_cast<size_t>(seqs) * heads * kLatent;
   kernels::MlaAttentionParams p;
   p.num_tokens = seqs;
-  p.num_heads = kHeads;
+  p.num_heads = heads;
   p.q_latent = Upload(Uniform(out_elems, 2));
-  p.q_rope = Upload(Uniform(static_cast<size_t>(seqs) * kHeads * qk, 3)) + 128;
-  p.q_rope_token_stride = kHeads * qk;
+  p.q_rope = Upload(Uniform(static_cast<size_t>(seqs) * heads * qk, 3)) + 128;
+  p.q_rope_token_stride = heads * qk;
   p.q_rope_head_stride = qk;
   p.cache = {Upload(cache16), kBlockSize, kLatent, kRope, kernels::LatentCacheType::kBFloat16};
   p.block_tables = Upload(tables);
@@ -78,7 +82,7 @@ void Run(int32_t seqs, int32_t context, bool every_shape, cudaStream_t stream) {
 
   const double bytes = static_cast<double>(seqs) * context * entry * 2;
   char name[64];
-  std::snprintf(name, sizeof(name), "decode %d x ctx%d h%d", seqs, context, kHeads);
+  std::snprintf(name, sizeof(name), "decode %d x ctx%d h%d", seqs, context, heads);
   auto report = [&](const char* kernel, double graph_ms, double eager_ms) {
     std::printf("%-24s %-34s graph %8.2f us  eager %8.2f us  %6.1f GB/s in graph\n", name, kernel,
                 graph_ms * 1e3, eager_ms * 1e3, bytes / (graph_ms * 1e-3) / 1e9);
@@ -102,40 +106,64 @@ void Run(int32_t seqs, int32_t context, bool every_shape, cudaStream_t stream) {
     std::printf("%-24s MlaDecodeSmall: not supported on this device\n", name);
     return;
   }
+  // CUDA-core shapes, then tensor-core clusters (the automatic choice first in each).
+  struct Arm {
+    kernels::MlaDecodeSmallForm form;
+    int cluster, heads_per_block;
+  };
+  std::vector<Arm> arms;
   for (int cluster : {0, 2, 4, 8, 16}) {
-    for (int heads : {0, 1, 2, 4}) {
-      if (!every_shape && (cluster != 0 || heads != 0)) continue;
-      const kernels::MlaDecodeSmallOptions o{cluster, heads};
-      const cudaError_t probe = kernels::MlaDecodeSmall(new_p, o, stream);
-      BENCH_CUDA(cudaStreamSynchronize(stream));
-      if (probe == cudaErrorNotSupported) {
-        std::printf("%-24s MlaDecodeSmall cluster %d: not schedulable\n", name, cluster);
-        break;
-      }
-      BENCH_CUDA(probe);
-      int shape_cluster = 0, shape_heads = 0;
-      BENCH_CUDA(kernels::MlaDecodeSmallShape(new_p, o, &shape_cluster, &shape_heads));
-      const std::string kernel = "MlaDecodeSmall cluster " + std::to_string(shape_cluster) +
-                                 " heads " + std::to_string(shape_heads) +
-                                 (cluster == 0 && heads == 0 ? " (auto)" : "");
-      report(
-          kernel.c_str(),
-          GraphMeanMs([&](cudaStream_t s) { return kernels::MlaDecodeSmall(new_p, o, s); }, stream),
-          MedianMs([&] { return kernels::MlaDecodeSmall(new_p, o, nullptr); }));
+    for (int hpb : {0, 1, 2, 4}) {
+      if (every_shape || (cluster == 0 && hpb == 0)) arms.push_back({kCudaCore, cluster, hpb});
     }
   }
-  // The outputs of the last calls of each: old_p and the last MlaDecodeSmall options.
+  for (int cluster : {0, 1, 2, 4, 8, 16}) {
+    if (every_shape || cluster == 0 || cluster >= 4) arms.push_back({kTensorCore, cluster, 0});
+  }
+  int skip_form = -1, skip_from = 0;  // a form's larger clusters after one does not schedule
+  for (const Arm& arm : arms) {
+    const int cluster = arm.cluster;
+    if (static_cast<int>(arm.form) == skip_form && cluster >= skip_from) continue;
+    const kernels::MlaDecodeSmallOptions o{cluster, arm.heads_per_block, arm.form};
+    const bool tc = kernels::MlaDecodeSmallFormFor(new_p, o) == kTensorCore;
+    const cudaError_t probe = kernels::MlaDecodeSmall(new_p, o, stream);
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    if (probe == cudaErrorNotSupported) {
+      std::printf("%-24s MlaDecodeSmall %s cluster %d: not schedulable\n", name,
+                  tc ? "tensor-core" : "CUDA-core", cluster);
+      skip_form = static_cast<int>(arm.form);
+      skip_from = cluster;
+      continue;
+    }
+    BENCH_CUDA(probe);
+    int shape_cluster = 0, shape_heads = 0;
+    BENCH_CUDA(kernels::MlaDecodeSmallShape(new_p, o, &shape_cluster, &shape_heads));
+    const std::string kernel = std::string(tc ? "MlaDecodeSmall tc" : "MlaDecodeSmall") +
+                               " cluster " + std::to_string(shape_cluster) + " heads " +
+                               std::to_string(shape_heads) +
+                               (cluster == 0 && arm.heads_per_block == 0 ? " (auto)" : "");
+    report(
+        kernel.c_str(),
+        GraphMeanMs([&](cudaStream_t s) { return kernels::MlaDecodeSmall(new_p, o, s); }, stream),
+        MedianMs([&] { return kernels::MlaDecodeSmall(new_p, o, nullptr); }));
+  }
+  // Each form's automatic shape against MlaAttentionF32.
   BENCH_CUDA(kernels::MlaAttentionF32(old_p, nullptr));
-  BENCH_CUDA(kernels::MlaDecodeSmall(new_p, {}, nullptr));
   std::vector<float> a(out_elems), b(out_elems);
   BENCH_CUDA(cudaMemcpy(a.data(), out_old, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
-  BENCH_CUDA(cudaMemcpy(b.data(), out_new, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
-  double worst = 0;
-  for (size_t i = 0; i < out_elems; ++i) {
-    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
-    if (!(d <= worst)) worst = d;  // NaN sticks
+  for (const kernels::MlaDecodeSmallForm form : {kCudaCore, kTensorCore}) {
+    const kernels::MlaDecodeSmallOptions o{0, 0, form};
+    BENCH_CUDA(kernels::MlaDecodeSmall(new_p, o, nullptr));
+    BENCH_CUDA(cudaMemcpy(b.data(), out_new, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (size_t i = 0; i < out_elems; ++i) {
+      const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+      if (!(d <= worst)) worst = d;  // NaN sticks
+    }
+    std::printf("%-24s max |MlaDecodeSmall %s - MlaAttentionF32| = %.3g\n", name,
+                kernels::MlaDecodeSmallFormFor(new_p, o) == kTensorCore ? "tc" : "cuda-core",
+                worst);
   }
-  std::printf("%-24s max |MlaDecodeSmall - MlaAttentionF32| = %.3g\n", name, worst);
   std::fflush(stdout);
 }
 
@@ -194,21 +222,24 @@ void RunChain(int32_t context, cudaStream_t stream) {
     return;
   }
   // The arms alternate twice (A B A B): same-process drift shows as their spread.
-  const kernels::MlaDecodeSmallOptions mo;
   for (int round = 0; round < 2; ++round) {
     for (const bool fused : {false, true}) {
-      const double ms = GraphMeanMs(
-          [&](cudaStream_t s) {
-            cudaError_t e = fused ? kernels::NormRopeCacheAbsorbQueryF32(nr, aq, s)
-                                  : kernels::NormRopeWriteLatentCacheF32(nr, s);
-            if (e == cudaSuccess && !fused) e = kernels::SmallMGemmBf16(uk, s);
-            if (e == cudaSuccess) e = kernels::MlaDecodeSmall(p, mo, s);
-            if (e == cudaSuccess) e = kernels::SmallMGemmBf16(uv, s);
-            return e;
-          },
-          stream);
-      std::printf("chain ctx%d  norm-rope-cache + W_uk %-12s %8.2f us\n", context,
-                  fused ? "one launch" : "two launches", ms * 1e3);
+      for (const kernels::MlaDecodeSmallForm form : {kCudaCore, kTensorCore}) {
+        const kernels::MlaDecodeSmallOptions mo{0, 0, form};
+        const double ms = GraphMeanMs(
+            [&](cudaStream_t s) {
+              cudaError_t e = fused ? kernels::NormRopeCacheAbsorbQueryF32(nr, aq, s)
+                                    : kernels::NormRopeWriteLatentCacheF32(nr, s);
+              if (e == cudaSuccess && !fused) e = kernels::SmallMGemmBf16(uk, s);
+              if (e == cudaSuccess) e = kernels::MlaDecodeSmall(p, mo, s);
+              if (e == cudaSuccess) e = kernels::SmallMGemmBf16(uv, s);
+              return e;
+            },
+            stream);
+        std::printf("chain ctx%d  norm-rope-cache + W_uk %-12s attention %-9s %8.2f us\n", context,
+                    fused ? "one launch" : "two launches", form == kTensorCore ? "tc" : "cuda-core",
+                    ms * 1e3);
+      }
     }
   }
   std::fflush(stdout);
@@ -232,8 +263,8 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device %s, %d SMs; 16 heads, latent 512 + rope 64, bf16 cache, block 16\n",
-              prop.name, prop.multiProcessorCount);
+  std::printf("device %s, %d SMs; latent 512 + rope 64, bf16 cache, block 16\n", prop.name,
+              prop.multiProcessorCount);
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   if (chain) {
@@ -241,15 +272,19 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (shapes) {
-    deepinfer::Run(1, 1024, /*every_shape=*/true, stream);
+    deepinfer::Run(1, 1024, 16, /*every_shape=*/true, stream);
     return 0;
   }
   for (int32_t context : {256, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096}) {
-    deepinfer::Run(1, context, /*every_shape=*/false, stream);
+    deepinfer::Run(1, context, 16, /*every_shape=*/false, stream);
+  }
+  for (int32_t context : {256, 512, 1024, 2048, 4096}) {
+    deepinfer::Run(1, context, 128, /*every_shape=*/false, stream);
   }
   if (full) {
     for (int32_t context : {1024, 4096}) {
-      for (int32_t seqs : {1, 2, 4, 8}) deepinfer::Run(seqs, context, /*every_shape=*/true, stream);
+      for (int32_t seqs : {1, 2, 4, 8})
+        deepinfer::Run(seqs, context, 16, /*every_shape=*/true, stream);
     }
   }
   return 0;

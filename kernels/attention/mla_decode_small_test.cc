@@ -1,13 +1,16 @@
-// MlaDecodeSmall against CpuBackend::MlaAttention (fp32 dot products, double P·V sums) over the
-// same bf16 cache values: 1, 2, 3 and 8 decode tokens over contexts of 1, 15, 1024, 1025 and
-// 4096 positions and mixed lengths, two tokens of one sequence (different context lengths),
-// blocks of 16 and 64 in shuffled (random) block tables with blocks no sequence owns, head
-// counts that do not fill a head group; every cluster size and heads-per-block choice; the
-// cache's unwritten slots and the output poisoned (NaN); repeated calls and CUDA graph replays
-// give the same bits as the first call; unsupported shapes and options are rejected.
+// MlaDecodeSmall's two forms against CpuBackend::MlaAttention (fp32 dot products, double P·V
+// sums) over the same bf16 cache values: 1, 2, 3, 4 and 8 decode tokens over contexts of 1, 2, 3,
+// 15, 33, 1024, 1025 and 4096 positions and mixed lengths (the tensor-core form's 32-key tiles
+// partly filled), two tokens of one sequence (different context lengths), blocks of 16 and 64 in
+// shuffled (random) block tables with blocks no sequence owns, 16 and 128 heads and head counts
+// that do not fill a head group (the tensor-core form then runs the CUDA-core one); every
+// cluster size and heads-per-block choice; the cache's unwritten slots and the output poisoned
+// (NaN); repeated calls and CUDA graph replays give the same bits as the first call; unsupported
+// shapes and options are rejected.
 #include "kernels/attention/mla_decode_small.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -33,6 +36,18 @@ constexpr int32_t kNope = 128;
 // As mla_attention_test's bf16-cache bound (the tensor-core kernel's); fp32 CUDA-core math
 // lands far inside it.
 constexpr double kAtol = 1e-4, kRtol = 5e-4;
+constexpr kernels::MlaDecodeSmallForm kCudaCore = kernels::MlaDecodeSmallForm::kCudaCore;
+constexpr kernels::MlaDecodeSmallForm kTensorCore = kernels::MlaDecodeSmallForm::kTensorCore;
+
+// The tensor-core form rounds Q and P to bf16 (nearest even) before the MMAs, so it is checked
+// against the CPU reference run on Q rounded to bf16 (as mla_attention_test checks the key-split
+// kernel): its scores then differ only in fp32 summation order (within kAtol / kRtol, as the
+// CUDA-core form), and what remains is P's rounding in the numerator of
+// out = sum_j p_j v_j / sum_j p_j (the denominator sums the unrounded fp32 p_j):
+// p'_j = p_j (1 + e_j), |e_j| <= 2^-9, so |out' - out| <= 2^-9 max_j |v_j| (v: the cached
+// latents). The cluster merge rescales fp32 partials and adds nothing of this order. A wrong
+// key, weight or column moves outputs by ~0.1-1 (N(0, 1) data).
+double Bf16OperandsAtol(double max_abs_latent) { return max_abs_latent / 512.0 + kAtol; }
 
 struct Query {
   int32_t seq, context;  // the token's sequence and the positions it sees
@@ -52,6 +67,9 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 struct Problem {
   kernels::MlaAttentionParams params;
   std::vector<float> want;
+  // The reference on Q rounded to bf16, and the tensor-core form's tolerance for it.
+  std::vector<float> want_bf16_q;
+  double bf16_q_atol = 0;
   std::unique_ptr<DeviceArray<float>> q_latent, q, out;
   std::unique_ptr<DeviceArray<int32_t>> tables, token_seq, context_len;
   std::unique_ptr<DeviceArray<uint16_t>> cache;
@@ -129,6 +147,24 @@ void Build(const Case& s, uint32_t seed, Problem* pr) {
   pr->want.assign(tokens * s.heads * kLatent, 0.0f);
   a.out_latent = pr->want.data();
   cpu.MlaAttention(a);
+  std::vector<float> q_latent_bf16 = q_latent, q_bf16 = q;
+  for (float& x : q_latent_bf16) x = RoundToBf16(x);
+  for (float& x : q_bf16) x = RoundToBf16(x);
+  a.q_latent = q_latent_bf16.data();
+  a.q_rope = q_bf16.data() + kNope;
+  pr->want_bf16_q.assign(pr->want.size(), 0.0f);
+  a.out_latent = pr->want_bf16_q.data();
+  cpu.MlaAttention(a);
+  double max_abs = 0;
+  for (size_t q = 0; q < num_seqs; ++q) {
+    for (int32_t p = 0; p < s.seq_len[q]; ++p) {
+      const int64_t slot = static_cast<int64_t>(tables[q * max_blocks + p / bs]) * bs + p % bs;
+      for (int64_t i = 0; i < kLatent; ++i) {
+        max_abs = std::max<double>(max_abs, std::fabs(Bf16BitsToFloat(cache[slot * entry + i])));
+      }
+    }
+  }
+  pr->bf16_q_atol = Bf16OperandsAtol(max_abs);
 
   pr->q_latent = std::make_unique<DeviceArray<float>>(q_latent);
   pr->q = std::make_unique<DeviceArray<float>>(q);
@@ -171,37 +207,53 @@ TEST_P(MlaDecodeSmallTest, MatchesCpuBackendForEveryShape) {
     GTEST_SKIP() << "no thread-block clusters on this device";
   }
   std::vector<float> got, first;
-  for (int cluster : {0, 1, 2, 4, 8, 16}) {
-    for (int heads_per_block : {0, 1, 2, 4}) {
-      SCOPED_TRACE(::testing::Message()
-                   << "cluster " << cluster << ", heads per block " << heads_per_block);
-      const kernels::MlaDecodeSmallOptions o{cluster, heads_per_block};
-      pr.out->Poison();
-      const cudaError_t e = kernels::MlaDecodeSmall(pr.params, o, nullptr);
-      if (e == cudaErrorNotSupported) {  // the device cannot schedule this cluster size
-        std::cout << "[mla-decode-small] " << s.name << " cluster " << cluster
-                  << ": not schedulable here\n";
-        continue;
+  for (const kernels::MlaDecodeSmallForm form : {kCudaCore, kTensorCore}) {
+    for (int cluster : {0, 1, 2, 4, 8, 16}) {
+      for (int heads_per_block : {0, 1, 2, 4}) {
+        // The tensor-core form takes 16 heads a block: heads_per_block matters only where it
+        // falls back to the CUDA-core form.
+        const bool tc_takes = s.heads % 16 == 0;
+        if (form == kTensorCore && tc_takes && heads_per_block != 0) continue;
+        SCOPED_TRACE(::testing::Message()
+                     << (form == kTensorCore ? "tensor-core" : "CUDA-core") << " form, cluster "
+                     << cluster << ", heads per block " << heads_per_block);
+        const kernels::MlaDecodeSmallOptions o{cluster, heads_per_block, form};
+        const bool tc = kernels::MlaDecodeSmallFormFor(pr.params, o) == kTensorCore;
+        EXPECT_EQ(tc, form == kTensorCore && tc_takes);
+        pr.out->Poison();
+        const cudaError_t e = kernels::MlaDecodeSmall(pr.params, o, nullptr);
+        if (e == cudaErrorNotSupported) {  // the device cannot schedule this cluster size
+          std::cout << "[mla-decode-small] " << s.name << (tc ? " tensor-core" : " CUDA-core")
+                    << " cluster " << cluster << ": not schedulable here\n";
+          continue;
+        }
+        DEEPINFER_CUDA_OK(e);
+        DEEPINFER_CUDA_OK(pr.out->Download(&got));
+        const ::testing::AssertionResult close =
+            tc ? AllClose(got, pr.want_bf16_q, pr.bf16_q_atol, kRtol)
+               : AllClose(got, pr.want, kAtol, kRtol);
+        EXPECT_TRUE(close);
+        int shape_cluster = 0, shape_heads = 0;
+        DEEPINFER_CUDA_OK(kernels::MlaDecodeSmallShape(pr.params, o, &shape_cluster, &shape_heads));
+        // Given values are kept; auto stays within the portable cluster sizes.
+        EXPECT_EQ(shape_cluster == cluster, cluster != 0);
+        EXPECT_NE(shape_cluster, cluster == 0 ? 16 : 0);
+        if (tc) {
+          EXPECT_EQ(shape_heads, 16);
+        } else {
+          EXPECT_EQ(shape_heads == heads_per_block, heads_per_block != 0);
+        }
+        if (heads_per_block == 0) {
+          std::cout << "[mla-decode-small] " << s.name << (tc ? " tensor-core" : " CUDA-core")
+                    << " cluster " << shape_cluster << " heads per block " << shape_heads << ": "
+                    << close.message() << "\n";
+        }
+        // The same call again: the same bits (a fixed merge order, nothing timing-dependent).
+        pr.out->Poison();
+        DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, o, nullptr));
+        DEEPINFER_CUDA_OK(pr.out->Download(&first));
+        EXPECT_TRUE(SameBits(first, got)) << "a repeated call changed the output";
       }
-      DEEPINFER_CUDA_OK(e);
-      DEEPINFER_CUDA_OK(pr.out->Download(&got));
-      const ::testing::AssertionResult close = AllClose(got, pr.want, kAtol, kRtol);
-      EXPECT_TRUE(close);
-      int shape_cluster = 0, shape_heads = 0;
-      DEEPINFER_CUDA_OK(kernels::MlaDecodeSmallShape(pr.params, o, &shape_cluster, &shape_heads));
-      // Given values are kept; auto stays within the portable cluster sizes.
-      EXPECT_EQ(shape_cluster == cluster, cluster != 0);
-      EXPECT_NE(shape_cluster, cluster == 0 ? 16 : 0);
-      EXPECT_EQ(shape_heads == heads_per_block, heads_per_block != 0);
-      if (heads_per_block == 0) {
-        std::cout << "[mla-decode-small] " << s.name << " cluster " << shape_cluster
-                  << " heads per block " << shape_heads << ": " << close.message() << "\n";
-      }
-      // The same call again: the same bits (a fixed merge order, nothing timing-dependent).
-      pr.out->Poison();
-      DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, o, nullptr));
-      DEEPINFER_CUDA_OK(pr.out->Download(&first));
-      EXPECT_TRUE(SameBits(first, got)) << "a repeated call changed the output";
     }
   }
 }
@@ -220,6 +272,13 @@ std::vector<Case> Cases() {
   c.push_back({"8_heads_4_tokens", 8, 16, {7, 64, 513, 1024}, {}});
   // Two tokens of one sequence (speculative / multi-token decode): contexts 999 and 1000.
   c.push_back({"2_tokens_one_sequence", 16, 16, {1000}, {{0, 999}, {0, 1000}}});
+  // Contexts that are not whole 32-key tiles of the tensor-core form; 128 heads (8 groups).
+  c.push_back({"1_token_ctx_2", 16, 16, {2}, {}});
+  c.push_back({"1_token_ctx_3_block_64", 16, 64, {3}, {}});
+  c.push_back({"1_token_ctx_33", 16, 16, {33}, {}});
+  c.push_back({"4_tokens_mixed_32_heads", 32, 16, {31, 32, 65, 777}, {}});
+  c.push_back({"1_token_ctx_1000_128_heads", 128, 16, {1000}, {}});
+  c.push_back({"2_tokens_ctx_5_3001_128_heads", 128, 64, {5, 3001}, {}});
   return c;
 }
 
@@ -229,19 +288,25 @@ INSTANTIATE_TEST_SUITE_P(Cases, MlaDecodeSmallTest, ::testing::ValuesIn(Cases())
                          });
 
 // Captured into a CUDA graph (as the decode step runs it) and replayed: the bits of an eager
-// call, also after the contexts change between replays (the grid does not depend on them).
-TEST(MlaDecodeSmallGraphTest, ReplayEqualsEagerBitForBit) {
+// call, also after the contexts change between replays (the grid does not depend on them). The
+// tensor-core form is launched with programmatic dependent launch, in the graph too.
+class MlaDecodeSmallGraphTest : public ::testing::TestWithParam<kernels::MlaDecodeSmallForm> {};
+
+TEST_P(MlaDecodeSmallGraphTest, ReplayEqualsEagerBitForBit) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   Problem pr;
   Build({"graph", 16, 16, {1024, 300}, {}}, seed, &pr);
   if (!kernels::MlaDecodeSmallSupported(pr.params)) GTEST_SKIP() << "no thread-block clusters";
-  const kernels::MlaDecodeSmallOptions o;
+  const kernels::MlaDecodeSmallOptions o{0, 0, GetParam()};
+  const bool tc = kernels::MlaDecodeSmallFormFor(pr.params, o) == kTensorCore;
+  EXPECT_EQ(tc, GetParam() == kTensorCore);
   std::vector<float> eager, replayed;
   DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.params, o, nullptr));
   DEEPINFER_CUDA_OK(pr.out->Download(&eager));
-  EXPECT_TRUE(AllClose(eager, pr.want, kAtol, kRtol));
+  EXPECT_TRUE(tc ? AllClose(eager, pr.want_bf16_q, pr.bf16_q_atol, kRtol)
+                 : AllClose(eager, pr.want, kAtol, kRtol));
 
   cudaStream_t stream;
   DEEPINFER_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -274,6 +339,12 @@ TEST(MlaDecodeSmallGraphTest, ReplayEqualsEagerBitForBit) {
   DEEPINFER_CUDA_OK(cudaStreamDestroy(stream));
 }
 
+INSTANTIATE_TEST_SUITE_P(Forms, MlaDecodeSmallGraphTest, ::testing::Values(kCudaCore, kTensorCore),
+                         [](const ::testing::TestParamInfo<kernels::MlaDecodeSmallForm>& info) {
+                           return std::string(info.param == kTensorCore ? "TensorCore"
+                                                                        : "CudaCore");
+                         });
+
 TEST(MlaDecodeSmallLimitsTest, RejectsOtherShapesAndOptions) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   Problem pr;
@@ -299,7 +370,20 @@ TEST(MlaDecodeSmallLimitsTest, RejectsOtherShapesAndOptions) {
   for (int heads : {-1, 3, 8}) {
     EXPECT_EQ(kernels::MlaDecodeSmall(pr.params, {0, heads}, nullptr), cudaErrorInvalidValue)
         << "heads per block " << heads;
+    EXPECT_EQ(kernels::MlaDecodeSmall(pr.params, {0, heads, kTensorCore}, nullptr),
+              cudaErrorInvalidValue)
+        << "heads per block " << heads;
   }
+  EXPECT_EQ(kernels::MlaDecodeSmall(pr.params, {0, 0, static_cast<kernels::MlaDecodeSmallForm>(2)},
+                                    nullptr),
+            cudaErrorInvalidValue);
+  // Head counts that are not a multiple of 16 run the CUDA-core form.
+  p = pr.params;
+  for (int heads : {1, 8, 24}) {
+    p.num_heads = heads;
+    EXPECT_EQ(kernels::MlaDecodeSmallFormFor(p, {0, 0, kTensorCore}), kCudaCore) << heads;
+  }
+  EXPECT_EQ(kernels::MlaDecodeSmallFormFor(pr.params, {}), kCudaCore);
 }
 
 }  // namespace
