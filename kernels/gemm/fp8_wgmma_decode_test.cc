@@ -6,9 +6,10 @@
 // off by about the sum itself. Both grid forms (persistent, one CTA per (weight tile, expert)),
 // each launched with programmatic dependent launch and without, after a non-kernel predecessor
 // (the inputs' upload, c's poisoning), are checked against it and are bit-identical. Also: rows
-// past the groups and padding columns untouched, one CUDA-graph replay bit-identical, and a graph
-// in which a PDL kernel (kernels::DelayedCopy) writes the offsets, activations and their scales
-// just before the GEMM (a GEMM reading them before its griddepcontrol.wait would see zeros).
+// past the groups and padding columns untouched, one CUDA-graph replay bit-identical, and the
+// same bits behind a PDL kernel (kernels::DelayedCopy) that writes the offsets, activations and
+// their scales just before the GEMM, eagerly and in a graph (a GEMM reading them before its
+// griddepcontrol.wait would see zeros).
 // Skips itself without a compute capability 9.0 device.
 #include "kernels/gemm/fp8_wgmma_decode.h"
 
@@ -209,18 +210,36 @@ TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 
-  // A graph in which a PDL kernel writes the GEMM's inputs (offsets, activations, scales) from a
-  // staging copy after spinning 20 us, the GEMM right behind it with a programmatic edge: the
-  // region holds zeros until the copy runs (all groups empty), so a GEMM that read it before its
-  // wait would leave c poisoned or wrong. Both grid forms, each replayed twice.
+  // A PDL kernel writes the GEMM's inputs (offsets, activations, scales) from a staging copy
+  // after spinning 20 us, the GEMM right behind it (eagerly: the launch attribute; in a graph: a
+  // programmatic edge): the region holds zeros until the copy runs (all groups empty), so a GEMM
+  // that read it before its wait would leave c poisoned or wrong. Both grid forms; the graph
+  // replayed twice.
   DeviceArray<uint8_t> staging(region);
+  auto write_then_multiply = [&](const Fp8WgmmaSwapGroupedGemmParams& q, cudaError_t* copied,
+                                 cudaError_t* multiplied) {
+    *copied = DelayedCopy(staging.get(), inputs.get(), static_cast<int64_t>(region_bytes),
+                          /*delay_ns=*/20000, /*blocks=*/8, stream);
+    *multiplied = Fp8WgmmaSwapGroupedGemm(q, stream);
+  };
   for (const Fp8WgmmaSwapGroupedGemmParams* q : {&p, &per_tile}) {
     SCOPED_TRACE(q->persistent ? "persistent behind a PDL writer" : "per tile behind a PDL writer");
+    {
+      DEEPINFER_CUDA_OK(cudaMemset(inputs.get(), 0, region_bytes));
+      dc.Poison();
+      DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
+      cudaError_t copied, gemm;
+      write_then_multiply(*q, &copied, &gemm);
+      DEEPINFER_CUDA_OK(copied);
+      DEEPINFER_CUDA_OK(gemm);
+      DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
+      std::vector<float> chained;
+      DEEPINFER_CUDA_OK(dc.Download(&chained));
+      EXPECT_TRUE(testing::SameBits(got, chained, got.size())) << "eager";
+    }
     DEEPINFER_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const cudaError_t copied =
-        DelayedCopy(staging.get(), inputs.get(), static_cast<int64_t>(region_bytes),
-                    /*delay_ns=*/20000, /*blocks=*/8, stream);
-    const cudaError_t gemm = Fp8WgmmaSwapGroupedGemm(*q, stream);
+    cudaError_t copied, gemm;
+    write_then_multiply(*q, &copied, &gemm);
     DEEPINFER_CUDA_OK(cudaStreamEndCapture(stream, &graph));
     DEEPINFER_CUDA_OK(copied);
     DEEPINFER_CUDA_OK(gemm);
