@@ -25,6 +25,12 @@
 // decode and grouped-GEMM kernels) keep full stream order; a PDL kernel after one of them simply
 // waits for it to complete.
 //
+// A kernel whose prologue does not fit a prefetch function (warp-specialised kernels setting up
+// shared memory and mbarriers, a __grid_constant__ TMA descriptor parameter) places the wait
+// itself: LaunchKernelThatWaits launches such a __global__ kernel, which must call
+// WaitForPrecedingGrids in every thread, on every path, before it touches memory an earlier
+// kernel may write or read, then AllowDependentGridsToLaunch.
+//
 // kThreads is the block size (1-D) and the entry's __launch_bounds__. Below sm_90 (the
 // compute_75 PTX) the wait and trigger compile to nothing: such devices ignore the attribute.
 #ifndef DEEPINFER_KERNELS_COMMON_LAUNCH_CUH_
@@ -43,19 +49,23 @@ namespace kernels {
 // What a prefetch that keeps nothing in registers (an L2 hint) hands its body.
 struct NoPrefetchResult {};
 
-namespace launch_internal {
-
+// griddepcontrol.wait: returns once the grids this one depends on have completed and their
+// memory is visible (at once in a grid not launched with PDL).
 __device__ __forceinline__ void WaitForPrecedingGrids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 
+// griddepcontrol.launch_dependents: the next PDL grid may be scheduled once every block of this
+// one has executed it (or exited).
 __device__ __forceinline__ void AllowDependentGridsToLaunch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+namespace launch_internal {
 
 template <auto kBody, int kThreads, typename... P>
 __global__ void __launch_bounds__(kThreads) WaitThenRun(P... args) {
@@ -105,9 +115,11 @@ struct PrefetchEntryAtOccupancy<kPrefetch, kBody, kThreads, kMinBlocks, S (*)(P.
       &PrefetchWaitThenRunAtOccupancy<kPrefetch, kBody, kThreads, kMinBlocks, P...>;
 };
 
+// With `programmatic` false (or the switch off) a plain launch: full stream order.
 template <typename... P, typename... A>
-cudaError_t Launch(void (*kernel)(P...), dim3 grid, unsigned threads, size_t smem,
-                   cudaStream_t stream, A&&... args) {
+cudaError_t LaunchMaybeProgrammatic(bool programmatic, void (*kernel)(P...), dim3 grid,
+                                    unsigned threads, size_t smem, cudaStream_t stream,
+                                    A&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(threads);
@@ -116,7 +128,7 @@ cudaError_t Launch(void (*kernel)(P...), dim3 grid, unsigned threads, size_t sme
   cudaLaunchAttribute attribute[1] = {};
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  if (ProgrammaticDependentLaunchEnabled()) {
+  if (programmatic && ProgrammaticDependentLaunchEnabled()) {
     // Captured: the edges from the kernels this one follows are made programmatic explicitly
     // (also when allocations captured beside the chain are among its dependencies); should
     // that fail, the launch keeps plain edges. Eager: the attribute.
@@ -131,7 +143,26 @@ cudaError_t Launch(void (*kernel)(P...), dim3 grid, unsigned threads, size_t sme
   return cudaLaunchKernelEx(&config, kernel, static_cast<P>(std::forward<A>(args))...);
 }
 
+template <typename... P, typename... A>
+cudaError_t Launch(void (*kernel)(P...), dim3 grid, unsigned threads, size_t smem,
+                   cudaStream_t stream, A&&... args) {
+  return LaunchMaybeProgrammatic(true, kernel, grid, threads, smem, stream,
+                                 std::forward<A>(args)...);
+}
+
 }  // namespace launch_internal
+
+// Launches `kernel` (grid x threads, smem bytes of dynamic shared memory) on `stream`, with PDL
+// when `programmatic` and the switch are on: the kernel itself executes WaitForPrecedingGrids in
+// every thread before it touches memory an earlier kernel may write or read, and never reads such
+// memory before (a kernel launched without PDL returns from the wait at once, so the same code is
+// right either way). Returns the launch's error.
+template <typename... P, typename... A>
+cudaError_t LaunchKernelThatWaits(void (*kernel)(P...), dim3 grid, unsigned threads, size_t smem,
+                                  cudaStream_t stream, bool programmatic, A&&... args) {
+  return launch_internal::LaunchMaybeProgrammatic(programmatic, kernel, grid, threads, smem, stream,
+                                                  std::forward<A>(args)...);
+}
 
 // Launches kBody(args...) on grid x kThreads threads: every thread waits for the preceding
 // grids first. Returns the launch's error (as cudaGetLastError would).

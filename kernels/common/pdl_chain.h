@@ -1,7 +1,8 @@
-// Chains of small kernels launched through kernels/common/launch.cuh, for launch_test and
-// graph_alloc_bench (test-only target): a dependent chain whose every step reads what the step
-// before it wrote in other blocks (a missing wait would show as wrong values), and a chain of
-// empty kernels (the cost of a kernel boundary).
+// Chains of small kernels launched through kernels/common/launch.cuh, for launch_test,
+// graph_alloc_bench and the PDL tests and benchmarks of other kernels (test-only target): a
+// dependent chain whose every step reads what the step before it wrote in other blocks (a missing
+// wait would show as wrong values), a chain of empty kernels (the cost of a kernel boundary), and
+// a copy that writes a later kernel's inputs late.
 #ifndef DEEPINFER_KERNELS_COMMON_PDL_CHAIN_H_
 #define DEEPINFER_KERNELS_COMMON_PDL_CHAIN_H_
 
@@ -21,6 +22,14 @@ cudaError_t EmptyStep(int blocks, cudaStream_t stream);
 
 // The same empty kernel launched with <<<>>> (never PDL), for comparison.
 cudaError_t EmptyStepPlain(int blocks, cudaStream_t stream);
+
+// dst[i] = src[i], i < bytes (16-byte aligned pointers, bytes a multiple of 16), by `blocks`
+// blocks of 256 threads (at most a few per SM, so that all run at once) that each first spin for
+// delay_ns nanoseconds after the wait: a PDL kernel after it that read dst before its own wait
+// would read dst's earlier contents. delay_ns 0: a plain copy, as a small producer kernel (a
+// quantisation) ahead of a consumer.
+cudaError_t DelayedCopy(const void* src, void* dst, int64_t bytes, int64_t delay_ns, int blocks,
+                        cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace deepinfer

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/common/launch.cuh"
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/fp8_wgmma_decode.h"
 #include "kernels/gemm/wgmma_tma.cuh"
@@ -115,6 +116,30 @@ __device__ __forceinline__ void WgmmaM64K32<64>(float* d, uint64_t desc_a, uint6
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// Hints the TMA unit to fetch a descriptor (a kernel parameter or global memory) into its cache.
+__device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Orders the descriptor's bytes (written by a copy from the host) before TMA reads it.
+__device__ __forceinline__ void AcquireTensorMap(const CUtensorMap* map) {
+  asm volatile(
+      "fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(reinterpret_cast<uint64_t>(map))
+      : "memory");
+}
+
+// The ring's barriers: full (the producer's TMA bytes) and empty (every consumer thread), then
+// the fences that make the initialisation visible to the async proxy. Thread 0; a __syncthreads
+// must follow.
+__device__ __forceinline__ void InitRing(uint32_t full_bar, uint32_t empty_bar) {
+  for (int s = 0; s < kStages; ++s) {
+    MbarInit(full_bar + 8 * s, 1);
+    MbarInit(empty_bar + 8 * s, 128);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 // One k block of both kernels' consumer warpgroup: wait for stage s's tiles, the two m64nNk128
 // products (weight rows h * 64 ..) into part, release the stage, then acc += part * scale, scale
 // the activation row's block scale times the weight block's (0 for rows past the group).
@@ -180,6 +205,11 @@ __device__ __forceinline__ void SwapStore(const float (&acc)[2][N / 2], const Sw
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// Both kernels run under programmatic dependent launch (LaunchKernelThatWaits): before
+// griddepcontrol.wait they touch only what no kernel of the step writes (shared memory, the
+// mbarriers, the descriptors, the weight-scale pointer table); the offsets, activation rows and
+// scales are read and c written after it.
+//
 // Grid (weight tiles, groups). wgmma's fragment of an m64nN product: register 4 i + q of a thread
 // is at M row warp * 16 + lane / 4 + 8 (q / 2) and N column 8 i + 2 (lane % 4) + q % 2; here M
 // rows are weight rows (c's columns j) and N columns activation rows (c's rows r).
@@ -188,11 +218,6 @@ __global__ void __launch_bounds__(kThreads)
     Fp8WgmmaSwapKernel(const __grid_constant__ CUtensorMap map_a, const SwapArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int32_t g = blockIdx.y;
-  const int32_t r0 = __ldg(args.offsets + g);
-  const int32_t r1 = __ldg(args.offsets + g + 1);
-  if (r1 <= r0) return;  // an idle expert
-  const int32_t count = r1 - r0;
-  const int32_t chunks = (count + N - 1) / N;
   const int32_t m0 = blockIdx.x * kTileM;
   const int k_blocks = args.k_blocks;
 
@@ -206,24 +231,31 @@ __global__ void __launch_bounds__(kThreads)
   auto w_tile = [&](uint32_t s) { return base + s * kWeightTileBytes; };
   auto a_tile = [&](uint32_t s) { return a_base + s * (N * kBlockK); };
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      MbarInit(full_bar + 8 * s, 1);
-      MbarInit(empty_bar + 8 * s, 128);  // every consumer thread
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  const CUtensorMap* mw = args.w_maps + g;
+  if (threadIdx.x == 0) InitRing(full_bar, empty_bar);
+  if (threadIdx.x == 128) {
+    AcquireTensorMap(mw);
+    PrefetchTensorMap(mw);
+    PrefetchTensorMap(&map_a);
+  }
+  const float* sw = nullptr;
+  if (threadIdx.x < 128) {
+    sw = args.scales[g] + Fp8ScaleRow(m0, args.split_rows) * int64_t{args.scale_ld};
   }
   __syncthreads();
+  WaitForPrecedingGrids();
+  AllowDependentGridsToLaunch();
+
+  const int32_t r0 = __ldg(args.offsets + g);
+  const int32_t r1 = __ldg(args.offsets + g + 1);
+  if (r1 <= r0) return;  // an idle expert
+  const int32_t count = r1 - r0;
+  const int32_t chunks = (count + N - 1) / N;
 
   if (threadIdx.x >= 128) {
     // Producer: one thread issues every TMA load; the weight tile is read again for each chunk
     // of rows (from L2 after the first).
     if (threadIdx.x == 128) {
-      const CUtensorMap* mw = args.w_maps + g;
-      asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
-                       reinterpret_cast<uint64_t>(mw))
-                   : "memory");
       uint32_t it = 0;
       for (int32_t ch = 0; ch < chunks; ++ch) {
         for (int kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -240,7 +272,6 @@ __global__ void __launch_bounds__(kThreads)
 
   constexpr int kRegs = N / 2;
   const int lane = threadIdx.x % 32;
-  const float* sw = args.scales[g] + Fp8ScaleRow(m0, args.split_rows) * int64_t{args.scale_ld};
   const float* sa_group = args.a_scales + int64_t{r0} * k_blocks;
   uint32_t it = 0;
   for (int32_t ch = 0; ch < chunks; ++ch) {
@@ -347,14 +378,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto w_tile = [&](uint32_t s) { return base + s * kWeightTileBytes; };
   auto a_tile = [&](uint32_t s) { return a_base + s * (N * kBlockK); };
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      MbarInit(full_bar + 8 * s, 1);
-      MbarInit(empty_bar + 8 * s, 128);  // every consumer thread
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
+  // Before the wait: the ring and the activations' descriptor. A CTA's first unit (so its expert's
+  // descriptor and weight tiles) follows from the offsets: nothing of the weights is loaded
+  // early, since a static first wave would fetch idle experts' tiles.
+  if (threadIdx.x == 0) InitRing(full_bar, empty_bar);
+  if (threadIdx.x == 128) PrefetchTensorMap(&map_a);
+  __syncthreads();
+  WaitForPrecedingGrids();
+  AllowDependentGridsToLaunch();
   // The units' prefix over the groups: each thread sums a run of consecutive groups, then a
   // scan across the block.
   {
@@ -395,9 +426,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const SwapUnit w = FindUnit<N>(prefix, num_groups, args.offsets, u);
         const CUtensorMap* mw = args.w_maps + w.g;
         if (w.g != fenced) {
-          asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
-                           reinterpret_cast<uint64_t>(mw))
-                       : "memory");
+          AcquireTensorMap(mw);
           fenced = w.g;
         }
         for (int kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -521,8 +550,7 @@ cudaError_t Launch(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_t stream) 
   args.ldc = p.ldc;
   const dim3 grid(static_cast<unsigned>((p.n + kTileM - 1) / kTileM),
                   static_cast<unsigned>(p.num_groups));
-  kernel<<<grid, kThreads, SmemBytes(N), stream>>>(map_a, args);
-  return cudaGetLastError();
+  return LaunchKernelThatWaits(kernel, grid, kThreads, SmemBytes(N), stream, p.pdl, map_a, args);
 }
 
 // The persistent grouped form (Fp8WgmmaSwapPersistentKernel): false where it does not take the
@@ -586,8 +614,8 @@ cudaError_t LaunchPersistent(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_
       int64_t{args.tiles} *
       (std::min<int64_t>(p.num_groups, p.max_rows) + (p.max_rows + N - 1) / N);
   const int64_t ctas = std::min(resident, units_bound);
-  kernel<<<static_cast<unsigned>(ctas), kThreads, smem, stream>>>(map_a, args);
-  return cudaGetLastError();
+  return LaunchKernelThatWaits(kernel, dim3(static_cast<unsigned>(ctas)), kThreads, smem, stream,
+                               p.pdl, map_a, args);
 }
 
 template <int N>

@@ -16,7 +16,9 @@
 // weight set (Fp8WgmmaSwapBuildWeightMaps); the activations' descriptor is encoded on the host
 // per call (no device call) and passed as a kernel parameter. Deterministic: no atomics, a fixed
 // summation order for a given row-tile choice (rows_per_group_hint picks N; a row's result does
-// not depend on N or on the other rows).
+// not depend on N or on the other rows). The weight descriptors and the weight-scale pointer
+// table are read before the kernel waits for the kernels ahead of it (`pdl`): no kernel in the
+// stream may write them.
 //
 // Compiled for sm_90a only (the BUILD target's `archs`): Fp8WgmmaSwapSupports is false on any
 // device other than compute capability 9.0.
@@ -81,6 +83,13 @@ struct Fp8WgmmaSwapGroupedGemmParams {
   // groups take the other form. false: one CTA per (weight tile, expert), empty experts' CTAs
   // exiting. The results are the same bits either way.
   bool persistent = true;
+  // true (and kernels::ProgrammaticDependentLaunchEnabled()): launched with programmatic
+  // dependent launch (kernels/common/launch.cuh), so the launch and the part of the kernel that
+  // reads nothing an earlier kernel writes (shared memory and mbarrier set-up, the descriptors'
+  // prefetch, the weight-scale pointers) overlap the kernel before it; griddepcontrol.wait comes
+  // before the offsets, activations and scales are read. false: a plain launch (full stream
+  // order). The same bits either way.
+  bool pdl = true;
 };
 
 // The activation rows a chunk takes for a hint (8, 16, 24, 32 or 64; 32 for an unknown one).

@@ -3,19 +3,26 @@
 // random e4m3 expert weights with 128 x 128 block scales. The bound is 2^-9 of the sum of the
 // terms' magnitudes (the tensor cores add one k block's 128 products with fewer bits than fp32;
 // the promotion to fp32 is per block); a wrong swizzle, descriptor, fragment or scale index is
-// off by about the sum itself. Also: rows past the groups and padding columns untouched, two
-// runs bit-identical, one CUDA-graph replay bit-identical, the grouped form's persistent grid
-// bit-identical to one CTA per (weight tile, expert). Skips itself without a compute
-// capability 9.0 device.
+// off by about the sum itself. Both grid forms (persistent, one CTA per (weight tile, expert)),
+// each launched with programmatic dependent launch and without, after a non-kernel predecessor
+// (the inputs' upload, c's poisoning), are checked against it and are bit-identical. Also: rows
+// past the groups and padding columns untouched, one CUDA-graph replay bit-identical, and the
+// same bits behind a PDL kernel (kernels::DelayedCopy) that writes the offsets, activations and
+// their scales just before the GEMM, eagerly and in a graph (a GEMM reading them before its
+// griddepcontrol.wait would see zeros).
+// Skips itself without a compute capability 9.0 device.
 #include "kernels/gemm/fp8_wgmma_decode.h"
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/common/pdl_chain.h"
 #include "kernels/testing/fp8_test_util.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/model/dtype_conversion.h"
@@ -75,13 +82,13 @@ TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
     for (size_t i = 0; i < sa.size(); ++i) sa[i] = std::abs(r[i]) * 64.0f;
   }
 
-  std::vector<DeviceArray<uint8_t>*> dw;
-  std::vector<DeviceArray<float>*> dws;
+  std::vector<std::unique_ptr<DeviceArray<uint8_t>>> dw;
+  std::vector<std::unique_ptr<DeviceArray<float>>> dws;
   std::vector<const uint8_t*> host_w(G);
   std::vector<const float*> host_s(G);
   for (int32_t i = 0; i < c.weights; ++i) {
-    dw.push_back(new DeviceArray<uint8_t>(w[i].data));
-    dws.push_back(new DeviceArray<float>(w[i].scales));
+    dw.push_back(std::make_unique<DeviceArray<uint8_t>>(w[i].data));
+    dws.push_back(std::make_unique<DeviceArray<float>>(w[i].scales));
   }
   for (int32_t g = 0; g < G; ++g) {
     host_w[g] = dw[g % c.weights]->get();
@@ -90,23 +97,32 @@ TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
   DeviceArray<uint8_t> maps(Fp8WgmmaSwapWeightMapsBytes(G));
   DEEPINFER_CUDA_OK(Fp8WgmmaSwapBuildWeightMaps(G, host_w.data(), n, k, k, maps.get(), nullptr));
   DeviceArray<const float*> dscales(host_s);
-  DeviceArray<int32_t> doff(offsets);
-  DeviceArray<uint8_t> da(a);
-  DeviceArray<float> dsa(sa);
+  // What an earlier kernel writes (the offsets, the activations and their scales) in one region,
+  // so that one copy kernel can write it all (below); each part 256-byte aligned.
+  auto round_up = [](size_t x) { return (x + 255) / 256 * 256; };
+  const size_t off_at = 0, a_at = round_up(offsets.size() * sizeof(int32_t));
+  const size_t sa_at = a_at + round_up(a.size()), region_bytes = sa_at + round_up(sa.size() * 4);
+  std::vector<uint8_t> region(region_bytes, 0);
+  std::memcpy(region.data() + off_at, offsets.data(), offsets.size() * sizeof(int32_t));
+  std::memcpy(region.data() + a_at, a.data(), a.size());
+  std::memcpy(region.data() + sa_at, sa.data(), sa.size() * sizeof(float));
+  DeviceArray<uint8_t> inputs(region);
   DeviceArray<float> dc(size_t(max_rows) * ldc);
   dc.Poison();
 
   Fp8WgmmaSwapGroupedGemmParams p;
-  p.num_groups = G, p.max_rows = max_rows, p.offsets = doff.get();
-  p.n = n, p.k = k, p.a = da.get(), p.lda = lda, p.a_scales = dsa.get();
+  p.num_groups = G, p.max_rows = max_rows;
+  p.offsets = reinterpret_cast<const int32_t*>(inputs.get() + off_at);
+  p.n = n, p.k = k, p.a = inputs.get() + a_at, p.lda = lda;
+  p.a_scales = reinterpret_cast<const float*>(inputs.get() + sa_at);
   p.weight_maps = maps.get(), p.scales = dscales.get();
   p.scale_ld = w[0].scale_ld, p.split_rows = c.split;
   p.c = dc.get(), p.ldc = ldc, p.rows_per_group_hint = c.hint;
   ASSERT_TRUE(Fp8WgmmaSwapGroupedGemmSupports(p));
-  DEEPINFER_CUDA_OK(Fp8WgmmaSwapGroupedGemm(p, nullptr));
-  std::vector<float> got;
-  DEEPINFER_CUDA_OK(dc.Download(&got));
+  ASSERT_TRUE(p.pdl && p.persistent);  // the defaults
 
+  // The host product's results and bounds, group by group.
+  std::vector<std::vector<double>> want(G), bound(G);
   for (int32_t g = 0; g < G; ++g) {
     const int32_t r0 = offsets[g], count = offsets[g + 1] - r0;
     if (count == 0) continue;
@@ -117,27 +133,62 @@ TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
                        sa[int64_t{r0} * blocks + (q / kFp8BlockSize) * count + i];
       }
     }
-    std::vector<double> want, mag;
-    fp8_testing::DequantisedProduct(x, k, count, w[g % c.weights], &want, &mag);
-    std::vector<float> gg(int64_t{count} * n);
-    for (int32_t i = 0; i < count; ++i) {
-      for (int64_t j = 0; j < n; ++j) gg[i * n + j] = got[(r0 + i) * ldc + j];
-    }
-    ASSERT_TRUE(fp8_testing::WithinBound(gg, want, fp8_testing::Bound(mag, kUnit)))
-        << "group " << g << " of " << count << " rows";
+    std::vector<double> mag;
+    fp8_testing::DequantisedProduct(x, k, count, w[g % c.weights], &want[g], &mag);
+    bound[g] = fp8_testing::Bound(mag, kUnit);
   }
-  for (int64_t r = 0; r < max_rows; ++r) {
-    for (int64_t j = (r < total ? n : 0); j < ldc; ++j) {
-      ASSERT_TRUE(std::isnan(got[r * ldc + j])) << "untouched row " << r << " column " << j;
+  // c against the host product, and untouched past the groups and in the padding columns.
+  auto check = [&](const std::vector<float>& got, const char* what) {
+    SCOPED_TRACE(what);
+    for (int32_t g = 0; g < G; ++g) {
+      const int32_t r0 = offsets[g], count = offsets[g + 1] - r0;
+      if (count == 0) continue;
+      std::vector<float> gg(int64_t{count} * n);
+      for (int32_t i = 0; i < count; ++i) {
+        for (int64_t j = 0; j < n; ++j) gg[i * n + j] = got[(r0 + i) * ldc + j];
+      }
+      ASSERT_TRUE(fp8_testing::WithinBound(gg, want[g], bound[g]))
+          << "group " << g << " of " << count << " rows";
     }
-  }
+    for (int64_t r = 0; r < max_rows; ++r) {
+      for (int64_t j = (r < total ? n : 0); j < ldc; ++j) {
+        ASSERT_TRUE(std::isnan(got[r * ldc + j])) << "untouched row " << r << " column " << j;
+      }
+    }
+  };
+  auto run = [&](const Fp8WgmmaSwapGroupedGemmParams& q, std::vector<float>* got) {
+    dc.Poison();
+    DEEPINFER_CUDA_OK(Fp8WgmmaSwapGroupedGemm(q, nullptr));
+    DEEPINFER_CUDA_OK(dc.Download(got));
+  };
 
+  std::vector<float> got;
+  run(p, &got);
+  check(got, "persistent, PDL");
+  if (HasFatalFailure()) return;
+  // Without PDL, and one CTA per (weight tile, expert) with and without it: the same bits.
+  Fp8WgmmaSwapGroupedGemmParams plain = p;
+  plain.pdl = false;
+  Fp8WgmmaSwapGroupedGemmParams per_tile = p;
+  per_tile.persistent = false;
+  Fp8WgmmaSwapGroupedGemmParams per_tile_plain = per_tile;
+  per_tile_plain.pdl = false;
+  const std::pair<const Fp8WgmmaSwapGroupedGemmParams*, const char*> forms[] = {
+      {&plain, "persistent, plain launch"},
+      {&per_tile, "per tile, PDL"},
+      {&per_tile_plain, "per tile, plain launch"}};
+  for (const auto& [q, what] : forms) {
+    std::vector<float> other;
+    run(*q, &other);
+    check(other, what);
+    EXPECT_TRUE(testing::SameBits(got, other, got.size())) << what;
+  }
   // Run again: the same bits.
-  dc.Poison();
-  DEEPINFER_CUDA_OK(Fp8WgmmaSwapGroupedGemm(p, nullptr));
-  std::vector<float> again;
-  DEEPINFER_CUDA_OK(dc.Download(&again));
-  EXPECT_TRUE(testing::SameBits(got, again, got.size()));
+  {
+    std::vector<float> again;
+    run(p, &again);
+    EXPECT_TRUE(testing::SameBits(got, again, got.size()));
+  }
 
   // Captured in a CUDA graph and replayed: the same bits.
   cudaStream_t stream;
@@ -158,19 +209,55 @@ TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
   EXPECT_TRUE(testing::SameBits(got, replayed, got.size()));
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 
-  // The persistent grid (the default, above) and one CTA per (weight tile, expert) give the
-  // same bits.
-  Fp8WgmmaSwapGroupedGemmParams per_tile = p;
-  per_tile.persistent = false;
-  dc.Poison();
-  DEEPINFER_CUDA_OK(Fp8WgmmaSwapGroupedGemm(per_tile, nullptr));
-  std::vector<float> tiled;
-  DEEPINFER_CUDA_OK(dc.Download(&tiled));
-  EXPECT_TRUE(testing::SameBits(got, tiled, got.size()));
-  for (auto* d : dw) delete d;
-  for (auto* d : dws) delete d;
+  // A PDL kernel writes the GEMM's inputs (offsets, activations, scales) from a staging copy
+  // after spinning 20 us, the GEMM right behind it (eagerly: the launch attribute; in a graph: a
+  // programmatic edge): the region holds zeros until the copy runs (all groups empty), so a GEMM
+  // that read it before its wait would leave c poisoned or wrong. Both grid forms; the graph
+  // replayed twice.
+  DeviceArray<uint8_t> staging(region);
+  auto write_then_multiply = [&](const Fp8WgmmaSwapGroupedGemmParams& q, cudaError_t* copied,
+                                 cudaError_t* multiplied) {
+    *copied = DelayedCopy(staging.get(), inputs.get(), static_cast<int64_t>(region_bytes),
+                          /*delay_ns=*/20000, /*blocks=*/8, stream);
+    *multiplied = Fp8WgmmaSwapGroupedGemm(q, stream);
+  };
+  for (const Fp8WgmmaSwapGroupedGemmParams* q : {&p, &per_tile}) {
+    SCOPED_TRACE(q->persistent ? "persistent behind a PDL writer" : "per tile behind a PDL writer");
+    {
+      DEEPINFER_CUDA_OK(cudaMemset(inputs.get(), 0, region_bytes));
+      dc.Poison();
+      DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
+      cudaError_t copied, gemm;
+      write_then_multiply(*q, &copied, &gemm);
+      DEEPINFER_CUDA_OK(copied);
+      DEEPINFER_CUDA_OK(gemm);
+      DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
+      std::vector<float> chained;
+      DEEPINFER_CUDA_OK(dc.Download(&chained));
+      EXPECT_TRUE(testing::SameBits(got, chained, got.size())) << "eager";
+    }
+    DEEPINFER_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    cudaError_t copied, gemm;
+    write_then_multiply(*q, &copied, &gemm);
+    DEEPINFER_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    DEEPINFER_CUDA_OK(copied);
+    DEEPINFER_CUDA_OK(gemm);
+    DEEPINFER_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+      DEEPINFER_CUDA_OK(cudaMemset(inputs.get(), 0, region_bytes));
+      dc.Poison();
+      DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
+      DEEPINFER_CUDA_OK(cudaGraphLaunch(exec, stream));
+      DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
+      std::vector<float> chained;
+      DEEPINFER_CUDA_OK(dc.Download(&chained));
+      EXPECT_TRUE(testing::SameBits(got, chained, got.size())) << "replay " << replay;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
 }
 
 const std::vector<int32_t> kSizes = {0, 1, 7, 12, 33, 64, 200};

@@ -72,6 +72,7 @@ tests=(
   //kernels/gemm:fp8_mma_gemm_test
   //kernels/gemm:fp8_tiled_gemm_test
   //kernels/gemm:fp8_quantize_test
+  //kernels/gemm:fp8_wgmma_decode_test
   //kernels/gemm:mxfp4_mma_gemm_test
   //kernels/gemm:mxfp4_w4a8_gemm_test
   //kernels/gemm:mxfp4_dequant_test

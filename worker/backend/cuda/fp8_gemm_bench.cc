@@ -37,8 +37,10 @@
 // median of 7 replays, per launch. The H200's HBM peak is 4.8 TB/s, its dense bf16 / FP8 tensor
 // peaks 989 / 1979 TFLOP/s.
 //
-//   fp8_gemm_bench [--quick | --variants | --grouped]   (--quick: m = 1, 8, 16, 32, 64, 128, 256,
-//   1024 only; --grouped: the grouped section alone;
+//   fp8_gemm_bench [--quick | --variants | --grouped | --swap-pdl]   (--quick: m = 1, 8, 16, 32,
+//   64, 128, 256, 1024 only; --grouped: the grouped section alone; --swap-pdl: the swap-AB GEMM
+//   behind its input's kernel with programmatic dependent launch and without, Moonlight and V3 at
+//   8, 64 and 128 tokens, fp8_swap_pdl_bench.cc;
 //   --variants:
 //       only the tile-loop variants of the tensor-core kernels against bf16, same shapes,
 //       fp8_mma_variants_bench.cc; exit status 1 on a CUDA or cuBLAS error)
@@ -68,6 +70,7 @@
 #include "kernels/testing/gemm_bench_shapes.h"
 #include "worker/backend/cuda/cublaslt_fp8_gemm.h"
 #include "worker/backend/cuda/fp8_mma_variants_bench.h"
+#include "worker/backend/cuda/fp8_swap_pdl_bench.h"
 
 #define BENCH_BLAS(expr)                                                              \
   do {                                                                                \
@@ -590,6 +593,7 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool variants = argc > 1 && std::strcmp(argv[1], "--variants") == 0;
   const bool grouped = argc > 1 && std::strcmp(argv[1], "--grouped") == 0;
+  const bool swap_pdl = argc > 1 && std::strcmp(argv[1], "--swap-pdl") == 0;
   const std::vector<int64_t> ms =
       quick ? std::vector<int64_t>{1, 8, 16, 32, 64, 128, 256, 1024}
             : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096};
@@ -606,6 +610,13 @@ int main(int argc, char** argv) {
   if (variants) {
     deepinfer::RunTileVariants(
         shapes, {{"moonlight", 64, 6, 2048, 1408}, deepinfer::bench::DeepSeekV3Moe()});
+    return 0;
+  }
+  if (swap_pdl) {
+    // Moonlight: two shared experts of 1408 (two parts); V3: one shared expert of 2048.
+    deepinfer::RunSwapPdlBench(
+        {{{"moonlight", 64, 6, 2048, 1408}, 2}, {deepinfer::bench::DeepSeekV3Moe(), 1}},
+        {8, 64, 128});
     return 0;
   }
   if (grouped) {
