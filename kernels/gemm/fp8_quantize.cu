@@ -18,6 +18,7 @@
 #include <cfloat>
 #include <climits>
 
+#include "kernels/common/launch.cuh"
 #include "kernels/common/streaming_load.cuh"
 #include "kernels/gemm/fp8_quantize.h"
 
@@ -246,6 +247,9 @@ __device__ __forceinline__ float QuantizeBlock(float x[kValues], bool real, uint
 template <Source kSource>
 __global__ void __launch_bounds__(kThreads)
     QuantizeKernel(Fp8QuantizeParams p, int64_t blocks_per_row, int64_t splits) {
+  // Launched with PDL (Launch below): every thread waits before it reads anything.
+  WaitForPrecedingGrids();
+  AllowDependentGridsToLaunch();
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int64_t row = warp / splits, part = warp % splits;
   const int lane = threadIdx.x & 31;
@@ -287,6 +291,9 @@ constexpr int kTileBlocksPerSm = 4;
 template <Source kSource>
 __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
     QuantizeTileKernel(Fp8QuantizeParams p, int blocks_per_row, int rows_per_warp) {
+  // Launched with PDL (Launch below): every thread waits before it reads anything.
+  WaitForPrecedingGrids();
+  AllowDependentGridsToLaunch();
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int64_t row0 = warp * rows_per_warp;
   const int lane = threadIdx.x & 31;
@@ -325,6 +332,9 @@ __global__ void __launch_bounds__(kThreads, kTileBlocksPerSm)
 template <Source kSource>
 __global__ void __launch_bounds__(kThreads)
     QuantizeScatterKernel(Fp8QuantizeParams p, int64_t blocks_per_row, int64_t splits) {
+  // Launched with PDL (Launch below): every thread waits before it reads anything.
+  WaitForPrecedingGrids();
+  AllowDependentGridsToLaunch();
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int64_t row = warp / splits, part = warp % splits;
   const int lane = threadIdx.x & 31;
@@ -372,18 +382,24 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// rows_per_warp > 1: QuantizeTileKernel (not scattered, splits 1).
+// rows_per_warp > 1: QuantizeTileKernel (not scattered, splits 1). Each kernel is launched with
+// programmatic dependent launch (kernels/common/launch.cuh): its launch overlaps the end of the
+// kernel before it, and the kernel after it (the swap-AB expert GEMM) may launch once its blocks
+// have passed their wait.
 template <Source kSource>
-void Launch(const Fp8QuantizeParams& q, int64_t blocks_per_row, int64_t splits, int rows_per_warp,
-            unsigned grid, cudaStream_t stream) {
+cudaError_t Launch(const Fp8QuantizeParams& q, int64_t blocks_per_row, int64_t splits,
+                   int rows_per_warp, unsigned grid, cudaStream_t stream) {
   if (q.dest_rows != nullptr) {
-    QuantizeScatterKernel<kSource><<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
-  } else if (rows_per_warp > 1) {
-    QuantizeTileKernel<kSource>
-        <<<grid, kThreads, 0, stream>>>(q, static_cast<int>(blocks_per_row), rows_per_warp);
-  } else {
-    QuantizeKernel<kSource><<<grid, kThreads, 0, stream>>>(q, blocks_per_row, splits);
+    return LaunchKernelThatWaits(QuantizeScatterKernel<kSource>, dim3(grid), kThreads, 0, stream,
+                                 /*programmatic=*/true, q, blocks_per_row, splits);
   }
+  if (rows_per_warp > 1) {
+    return LaunchKernelThatWaits(QuantizeTileKernel<kSource>, dim3(grid), kThreads, 0, stream,
+                                 /*programmatic=*/true, q, static_cast<int>(blocks_per_row),
+                                 rows_per_warp);
+  }
+  return LaunchKernelThatWaits(QuantizeKernel<kSource>, dim3(grid), kThreads, 0, stream,
+                               /*programmatic=*/true, q, blocks_per_row, splits);
 }
 
 __global__ void AddRowsKernel(int64_t m, int64_t n, const float* d, int64_t ldd, float* c,
@@ -436,17 +452,16 @@ cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream) {
   if (grid > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const unsigned g = static_cast<unsigned>(grid);
   if (q.silu_mul && q.a_bf16) {
-    Launch<Source::kSiluMulBf16>(q, blocks_per_row, splits, rows_per_warp, g, stream);
-  } else if (q.silu_mul) {
-    Launch<Source::kSiluMulF32>(q, blocks_per_row, splits, rows_per_warp, g, stream);
-  } else if (q.a_bf16) {
-    Launch<Source::kBf16>(q, blocks_per_row, splits, rows_per_warp, g, stream);
-  } else if (q.round_bf16) {
-    Launch<Source::kF32RoundBf16>(q, blocks_per_row, splits, rows_per_warp, g, stream);
-  } else {
-    Launch<Source::kF32>(q, blocks_per_row, splits, rows_per_warp, g, stream);
+    return Launch<Source::kSiluMulBf16>(q, blocks_per_row, splits, rows_per_warp, g, stream);
   }
-  return cudaGetLastError();
+  if (q.silu_mul) {
+    return Launch<Source::kSiluMulF32>(q, blocks_per_row, splits, rows_per_warp, g, stream);
+  }
+  if (q.a_bf16) return Launch<Source::kBf16>(q, blocks_per_row, splits, rows_per_warp, g, stream);
+  if (q.round_bf16) {
+    return Launch<Source::kF32RoundBf16>(q, blocks_per_row, splits, rows_per_warp, g, stream);
+  }
+  return Launch<Source::kF32>(q, blocks_per_row, splits, rows_per_warp, g, stream);
 }
 
 cudaError_t AddRowsF32(int64_t m, int64_t n, const float* d, int64_t ldd, float* c, int64_t ldc,

@@ -53,6 +53,9 @@ struct Fp8QuantizeParams {
   const int32_t* dest_rows = nullptr;
   int32_t dests_per_row = 0;
 };
+// Launched with programmatic dependent launch (kernels/common/launch.cuh): every thread waits
+// for the kernels before it first, so the launch overlaps the end of the previous kernel and a
+// PDL kernel after it (the swap-AB expert GEMM) may launch while it runs.
 cudaError_t Fp8QuantizeRows(const Fp8QuantizeParams& p, cudaStream_t stream);
 
 // c[i, j] = d[i, j] (+ c[i, j] with accumulate, one fp32 addition), i < m, j < n: a GEMM's

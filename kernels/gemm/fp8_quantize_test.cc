@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/common/pdl_chain.h"
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
@@ -29,6 +30,46 @@ struct Case {
   int64_t m, k, extra_lda, m_pad;
   bool a_bf16;
 };
+
+// q / s (plain layout: row i's block b scale at s[b * m_pad + i]) against the host scheme for
+// the m x k rows of a (lda apart); rows m..m_pad-1 as zeros (scale 1); q's columns k..ldq-1
+// untouched (0xFF).
+::testing::AssertionResult MatchesHostScheme(const std::vector<float>& a, int64_t m, int64_t k,
+                                             int64_t lda, const std::vector<uint8_t>& q,
+                                             int64_t ldq, const std::vector<float>& s,
+                                             int64_t m_pad) {
+  const int64_t blocks = Fp8ScaleCols(k);
+  for (int64_t i = 0; i < m_pad; ++i) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t p0 = b * 128, p1 = std::min(k, p0 + 128);
+      float want_s = 1.0f;
+      if (i < m) {
+        float amax = 0.0f;
+        for (int64_t c = p0; c < p1; ++c) amax = std::max(amax, std::fabs(a[i * lda + c]));
+        want_s = std::max(amax / 448.0f, FLT_MIN);
+      }
+      if (s[b * m_pad + i] != want_s) {
+        return ::testing::AssertionFailure() << "scale of row " << i << " block " << b << ": "
+                                             << s[b * m_pad + i] << " against " << want_s;
+      }
+      for (int64_t c = p0; c < p1; ++c) {
+        const uint8_t want = i < m ? FloatToF8E4M3(a[i * lda + c] / want_s) : uint8_t{0};
+        if (q[i * ldq + c] != want) {
+          return ::testing::AssertionFailure()
+                 << "row " << i << " column " << c << " x " << (i < m ? a[i * lda + c] : 0.0f)
+                 << ": byte " << int{q[i * ldq + c]} << " against " << int{want};
+        }
+      }
+    }
+    for (int64_t c = k; c < ldq; ++c) {
+      if (q[i * ldq + c] != 0xFF) {
+        return ::testing::AssertionFailure()
+               << "padding column " << c << " of row " << i << " written";
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
 
 class Fp8QuantizeRowsTest : public ::testing::TestWithParam<Case> {};
 
@@ -77,26 +118,7 @@ TEST_P(Fp8QuantizeRowsTest, MatchesTheHostScheme) {
   std::vector<float> s;
   DEEPINFER_CUDA_OK(dq.Download(&q));
   DEEPINFER_CUDA_OK(ds.Download(&s));
-  for (int64_t i = 0; i < t.m_pad; ++i) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t p0 = b * 128, p1 = std::min(t.k, p0 + 128);
-      float want_s = 1.0f;
-      if (i < t.m) {
-        float amax = 0.0f;
-        for (int64_t c = p0; c < p1; ++c) amax = std::max(amax, std::fabs(a[i * lda + c]));
-        want_s = std::max(amax / 448.0f, FLT_MIN);
-      }
-      ASSERT_EQ(s[b * t.m_pad + i], want_s) << "scale of row " << i << " block " << b;
-      for (int64_t c = p0; c < p1; ++c) {
-        const uint8_t want = i < t.m ? FloatToF8E4M3(a[i * lda + c] / want_s) : uint8_t{0};
-        ASSERT_EQ(q[i * ldq + c], want)
-            << "row " << i << " column " << c << " x " << (i < t.m ? a[i * lda + c] : 0.0f);
-      }
-    }
-    for (int64_t c = t.k; c < ldq; ++c) {
-      ASSERT_EQ(q[i * ldq + c], 0xFF) << "padding column " << c << " of row " << i << " written";
-    }
-  }
+  EXPECT_TRUE(MatchesHostScheme(a, t.m, t.k, lda, q, ldq, s, t.m_pad));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8QuantizeRowsTest,
@@ -112,6 +134,82 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8QuantizeRowsTest,
                                            Case{8200, 1040, 0, 8208, false},
                                            Case{8193, 1408, 0, 8194, true},
                                            Case{8191, 2816, 16, 8193, false}));
+
+// The quantisation launched right behind a PDL kernel (kernels::DelayedCopy) that writes its
+// input rows after a 20 us spin, eagerly and in a CUDA graph (programmatic edge, replayed twice):
+// a kernel that read the rows before its griddepcontrol.wait would quantise zeros. Decode-sized
+// rows (QuantizeKernel, rows split over warps) and prefill-sized ones (QuantizeTileKernel).
+class Fp8QuantizeRowsPdlTest : public ::testing::TestWithParam<std::tuple<int64_t, int64_t>> {};
+
+TEST_P(Fp8QuantizeRowsPdlTest, ReadsRowsWrittenByAPdlPredecessor) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const int64_t m = std::get<0>(GetParam()), k = std::get<1>(GetParam());
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " m " << m << " k " << k);
+  const int64_t ldq = k + 16;
+  const std::vector<float> a = testing::RandomFloats(m * k, seed, 3.0f);
+  DeviceArray<float> src(a);
+  DeviceArray<float> da(m * k);
+  DeviceArray<uint8_t> dq(m * ldq);
+  DeviceArray<float> ds(Fp8ScaleCols(k) * m);
+  Fp8QuantizeParams p;
+  p.m = m;
+  p.k = k;
+  p.a = da.get();
+  p.lda = k;
+  p.q = dq.get();
+  p.ldq = ldq;
+  p.scales = ds.get();
+  p.m_pad = m;
+  cudaStream_t stream;
+  DEEPINFER_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int64_t bytes = m * k * static_cast<int64_t>(sizeof(float));
+  auto copy_then_quantise = [&](cudaError_t* copied, cudaError_t* quantised) {
+    *copied = DelayedCopy(src.get(), da.get(), bytes, /*delay_ns=*/20000, /*blocks=*/8, stream);
+    *quantised = Fp8QuantizeRows(p, stream);
+  };
+  auto reset = [&] {
+    DEEPINFER_CUDA_OK(cudaMemset(da.get(), 0, bytes));
+    dq.Poison();
+    ds.Poison();
+    DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
+  };
+  auto check = [&](const char* what) {
+    std::vector<uint8_t> q;
+    std::vector<float> sc;
+    DEEPINFER_CUDA_OK(dq.Download(&q));
+    DEEPINFER_CUDA_OK(ds.Download(&sc));
+    EXPECT_TRUE(MatchesHostScheme(a, m, k, k, q, ldq, sc, m)) << what;
+  };
+  reset();
+  cudaError_t copied, quantised;
+  copy_then_quantise(&copied, &quantised);
+  DEEPINFER_CUDA_OK(copied);
+  DEEPINFER_CUDA_OK(quantised);
+  DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
+  check("eager");
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  DEEPINFER_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  copy_then_quantise(&copied, &quantised);
+  DEEPINFER_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  DEEPINFER_CUDA_OK(copied);
+  DEEPINFER_CUDA_OK(quantised);
+  DEEPINFER_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    reset();
+    DEEPINFER_CUDA_OK(cudaGraphLaunch(exec, stream));
+    DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
+    check(replay == 0 ? "graph replay 0" : "graph replay 1");
+  }
+  DEEPINFER_CUDA_OK(cudaGraphExecDestroy(exec));
+  DEEPINFER_CUDA_OK(cudaGraphDestroy(graph));
+  DEEPINFER_CUDA_OK(cudaStreamDestroy(stream));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8QuantizeRowsPdlTest,
+                         ::testing::Values(std::make_tuple(int64_t{8}, int64_t{2048}),
+                                           std::make_tuple(int64_t{8200}, int64_t{1408})));
 
 // Offsets of `groups` groups of 0-3 rows each (empty ones among them).
 std::vector<int32_t> RandomGroupOffsets(int32_t groups, uint32_t seed) {
