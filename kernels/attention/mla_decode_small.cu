@@ -19,14 +19,25 @@
 // second kernel, no atomics: the summation order is fixed, so results are the same bits on
 // every run. The keys are exact bf16 and all math is fp32 (as MlaAttentionF32's CUDA-core
 // kernels), so this matches the fp32 reference as closely as they do.
+//
+// An FP8 cache (kFp8E4M3) runs the same kernel with kFp8 set; only the loads differ: lane l
+// loads its 16 latent codes (one 16-byte load), the entry's scale s (the same word for every
+// lane: one transaction) and its rope pair (bf16 bits at the rope offset), and at the start of
+// the step that uses them turns each code q into the bf16 value bf16(e4m3_to_float(q) * s)
+// (one fp32 product, nearest even): GatherFp8LatentCacheBf16's value. From there the step is the
+// bf16 cache's, so the output equals the bf16 form's over the gathered copy bit for bit (same
+// cluster and heads per block).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <math.h>
 
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/attention/mla_decode_small.h"
@@ -76,6 +87,20 @@ struct KeyBatch {
   uint32_t w[kBatch][kLaneWords];
 };
 
+// kBatch keys of one warp step as an FP8 cache holds them: the lane's 16 latent codes (code 4i + b
+// in byte b of codes[i]), the entry's scale and the lane's rope pair (bf16 bits; all zeros past
+// the warp's keys).
+template <int kBatch>
+struct Fp8KeyBatch {
+  uint32_t codes[kBatch][4];
+  float scale[kBatch];
+  uint32_t rope[kBatch];
+};
+
+// What a lane holds of a step's keys between their load and their use.
+template <int kBatch, bool kFp8>
+using LoadedKeys = typename std::conditional<kFp8, Fp8KeyBatch<kBatch>, KeyBatch<kBatch>>::type;
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 constexpr int kDim = kLatent + kRope;
@@ -87,9 +112,10 @@ __device__ __forceinline__ float2 Bf16Pair(uint32_t v) {
   return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
 
-// Element offset of key j's row in the cache.
-__device__ __forceinline__ int64_t KeyRow(const int32_t* table, int j, int block_size) {
-  return (static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size) * kDim;
+// Offset of key j's entry in the cache: in elements (bf16) or bytes (FP8), `stride` a row.
+__device__ __forceinline__ int64_t KeyRow(const int32_t* table, int j, int block_size,
+                                          int64_t stride) {
+  return (static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size) * stride;
 }
 
 // Keys k0 .. k0 + kBatch - 1 of the warp (row offsets lane-distributed in rows: key k's at lane
@@ -123,9 +149,71 @@ __device__ __forceinline__ KeyBatch<kBatch> LoadKeys(const __nv_bfloat16* cache,
   return b;
 }
 
+// The same keys of an FP8 cache (byte offsets in rows): codes, scale and rope pair, as stored.
+template <int kBatch>
+__device__ __forceinline__ Fp8KeyBatch<kBatch> LoadKeys(const uint8_t* cache, int64_t rows, int k0,
+                                                        int n, int lane, int rope_offset,
+                                                        int scale_offset) {
+  Fp8KeyBatch<kBatch> b;
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int k = k0 + u;
+    const int64_t row = __shfl_sync(0xffffffffu, rows, k & 31);
+    if (k < n) {
+      const uint8_t* e = cache + row;
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(e + lane * 16));
+      b.codes[u][0] = a.x;
+      b.codes[u][1] = a.y;
+      b.codes[u][2] = a.z;
+      b.codes[u][3] = a.w;
+      b.scale[u] = __ldg(reinterpret_cast<const float*>(e + scale_offset));
+      b.rope[u] = __ldg(reinterpret_cast<const unsigned int*>(e + rope_offset + lane * 4));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) b.codes[u][i] = 0u;
+      b.scale[u] = 0.0f;
+      b.rope[u] = 0u;
+    }
+  }
+  return b;
+}
+
+// Two e4m3 codes (the first in the low byte) times the scale, as a bf16 pair (the first in the
+// low half): e4m3 -> half -> float is exact, then one fp32 product per value, rounded to
+// nearest-even bf16 (GatherFp8LatentCacheBf16's DequantBf16).
+__device__ __forceinline__ uint32_t DequantPair(uint32_t two_codes, float scale) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes & 0xffffu), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  const __nv_bfloat162 v = __floats2bfloat162_rn(__fmul_rn(f.x, scale), __fmul_rn(f.y, scale));
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The bf16 keys a step computes with.
+template <int kBatch>
+__device__ __forceinline__ KeyBatch<kBatch> StepKeys(const KeyBatch<kBatch>& b) {
+  return b;
+}
+
+template <int kBatch>
+__device__ __forceinline__ KeyBatch<kBatch> StepKeys(const Fp8KeyBatch<kBatch>& b) {
+  KeyBatch<kBatch> k;
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      k.w[u][2 * i] = DequantPair(b.codes[u][i], b.scale[u]);
+      k.w[u][2 * i + 1] = DequantPair(b.codes[u][i] >> 16, b.scale[u]);
+    }
+    k.w[u][kLanePairs] = b.rope[u];
+  }
+  return k;
+}
+
 #endif  // __CUDA_ARCH__ >= 900
 
-template <int kHeads>
+// kFp8: the cache is kFp8E4M3 (MlaDecodeSmallSupported checked its layout), else kBFloat16.
+template <int kHeads, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSmallKernel(MlaAttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
@@ -177,12 +265,21 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSmallKernel(MlaAttention
   const int per_warp = ((ce - cb + kWarps - 1) / kWarps + kBatch - 1) / kBatch * kBatch;
   const int kb = min(ce, cb + warp * per_warp);
   const int n = min(ce, kb + per_warp) - kb;
-  const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
   const float scale2 = p.softmax_scale * 1.4426950408889634f;
+  const int64_t stride = kFp8 ? static_cast<int64_t>(p.cache.fp8_entry_bytes) : int64_t{kDim};
+  const int rope_offset = p.cache.fp8_rope_offset, scale_offset = p.cache.fp8_scale_offset;
+  auto load = [&](int64_t rows, int k0) {
+    if constexpr (kFp8) {
+      return LoadKeys<kBatch>(static_cast<const uint8_t*>(p.cache.cache), rows, k0, n, lane,
+                              rope_offset, scale_offset);
+    } else {
+      return LoadKeys<kBatch>(static_cast<const __nv_bfloat16*>(p.cache.cache), rows, k0, n, lane);
+    }
+  };
 
   // Row offsets of keys 32 g + lane (rows_cur: this step's group g, rows_next: g + 1).
-  int64_t rows_cur = lane < n ? KeyRow(table, kb + lane, bs) : 0;
-  int64_t rows_next = 32 + lane < n ? KeyRow(table, kb + 32 + lane, bs) : 0;
+  int64_t rows_cur = lane < n ? KeyRow(table, kb + lane, bs, stride) : 0;
+  int64_t rows_next = 32 + lane < n ? KeyRow(table, kb + 32 + lane, bs, stride) : 0;
 
   float o[kHeads][2 * kLanePairs];
   float m[kHeads], l[kHeads];
@@ -194,12 +291,12 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSmallKernel(MlaAttention
     for (int c = 0; c < 2 * kLanePairs; ++c) o[h][c] = 0.0f;
   }
 
-  KeyBatch<kBatch> cur = LoadKeys<kBatch>(cache, rows_cur, 0, n, lane);
+  LoadedKeys<kBatch, kFp8> loaded = load(rows_cur, 0);
   for (int k0 = 0; k0 < n; k0 += kBatch) {
     const int k1 = k0 + kBatch;
     // kBatch divides 32: a step never straddles two groups of row offsets.
-    const KeyBatch<kBatch> nxt =
-        LoadKeys<kBatch>(cache, (k1 & 31) == 0 ? rows_next : rows_cur, k1, n, lane);
+    const LoadedKeys<kBatch, kFp8> nxt = load((k1 & 31) == 0 ? rows_next : rows_cur, k1);
+    const KeyBatch<kBatch> cur = StepKeys(loaded);
 
     // Scores, base 2; -inf past the warp's keys (key k0 is always in range).
     float s[kHeads][kBatch];
@@ -252,9 +349,9 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSmallKernel(MlaAttention
     }
     if ((k1 & 31) == 0) {  // the next step starts group k1 / 32: look up the one after it
       rows_cur = rows_next;
-      rows_next = k1 + 32 + lane < n ? KeyRow(table, kb + k1 + 32 + lane, bs) : 0;
+      rows_next = k1 + 32 + lane < n ? KeyRow(table, kb + k1 + 32 + lane, bs, stride) : 0;
     }
-    cur = nxt;
+    loaded = nxt;
   }
 
   // The warps' partials (a warp without keys: m = -inf, l = 0, O = 0).
@@ -353,16 +450,18 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSmallKernel(MlaAttention
 
 using KernelFn = void (*)(MlaAttentionParams);
 
-KernelFn KernelFor(int heads_per_block) {
+KernelFn KernelFor(int heads_per_block, bool fp8) {
   switch (heads_per_block) {
     case 1:
-      return MlaDecodeSmallKernel<1>;
+      return fp8 ? MlaDecodeSmallKernel<1, true> : MlaDecodeSmallKernel<1, false>;
     case 2:
-      return MlaDecodeSmallKernel<2>;
+      return fp8 ? MlaDecodeSmallKernel<2, true> : MlaDecodeSmallKernel<2, false>;
     default:
-      return MlaDecodeSmallKernel<4>;
+      return fp8 ? MlaDecodeSmallKernel<4, true> : MlaDecodeSmallKernel<4, false>;
   }
 }
+
+bool IsFp8(const MlaAttentionParams& p) { return p.cache.type == LatentCacheType::kFp8E4M3; }
 
 size_t SmemBytes(int heads_per_block) {
   switch (heads_per_block) {
@@ -375,24 +474,24 @@ size_t SmemBytes(int heads_per_block) {
   }
 }
 
-// Per (heads per block, device), queried once: whether the kernel has its sm_90 code, the
-// device launches clusters and gives the block its shared memory (KernelFactsFor raises the
+// Per (heads per block, cache type, device), queried once: whether the kernel has its sm_90 code,
+// the device launches clusters and gives the block its shared memory (KernelFactsFor raises the
 // dynamic limit), and non-portable cluster sizes (16) are allowed.
 struct ClusterFacts {
   cudaError_t error = cudaSuccess;
   bool clusters = false;
 };
 
-ClusterFacts FactsFor(int heads_per_block, int device) {
+ClusterFacts FactsFor(int heads_per_block, bool fp8, int device) {
   static std::mutex mu;
-  static std::map<std::pair<int, int>, ClusterFacts>* facts =
-      new std::map<std::pair<int, int>, ClusterFacts>();
+  static std::map<std::tuple<int, bool, int>, ClusterFacts>* facts =
+      new std::map<std::tuple<int, bool, int>, ClusterFacts>();
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(heads_per_block, device);
+  const auto key = std::make_tuple(heads_per_block, fp8, device);
   auto it = facts->find(key);
   if (it != facts->end()) return it->second;
   ClusterFacts f;
-  const KernelFn kernel = KernelFor(heads_per_block);
+  const KernelFn kernel = KernelFor(heads_per_block, fp8);
   const int smem = static_cast<int>(SmemBytes(heads_per_block));
   const KernelFacts k = KernelFactsFor(reinterpret_cast<const void*>(kernel), device, smem);
   int cluster_launch = 0;
@@ -429,20 +528,22 @@ cudaLaunchConfig_t LaunchConfig(const MlaAttentionParams& p, int cluster, int he
 }
 
 // How many clusters of `cluster` blocks of this kernel the device runs at once (0: it cannot
-// schedule one; non-portable sizes may not fit); once per (heads per block, cluster, device).
+// schedule one; non-portable sizes may not fit); once per (heads per block, cache type, cluster,
+// device).
 cudaError_t MaxActiveClusters(const MlaAttentionParams& p, int cluster, int heads_per_block,
                               int device, int* out) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, int>* cache =
-      new std::map<std::tuple<int, int, int>, int>();
+  static std::map<std::tuple<int, bool, int, int>, int>* cache =
+      new std::map<std::tuple<int, bool, int, int>, int>();
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(heads_per_block, cluster, device);
+  const auto key = std::make_tuple(heads_per_block, IsFp8(p), cluster, device);
   auto it = cache->find(key);
   if (it == cache->end()) {
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t c = LaunchConfig(p, cluster, heads_per_block, nullptr, &attr);
     int n = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, KernelFor(heads_per_block), &c);
+    const cudaError_t e =
+        cudaOccupancyMaxActiveClusters(&n, KernelFor(heads_per_block, IsFp8(p)), &c);
     if (e != cudaSuccess) {
       cudaGetLastError();
       return e;
@@ -458,7 +559,11 @@ bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 }  // namespace
 
 bool MlaDecodeSmallSupported(const MlaAttentionParams& p) {
-  if (p.cache.type != LatentCacheType::kBFloat16 || p.cache.latent_dim != kLatent ||
+  // FP8: the lanes' 16-byte code loads and 4-byte rope loads need 16-byte aligned entries and a
+  // 4-byte aligned rope offset.
+  const bool fp8_ok =
+      IsFp8(p) && Fp8LatentCacheLayoutValid(p.cache) && p.cache.fp8_rope_offset % 4 == 0;
+  if ((p.cache.type != LatentCacheType::kBFloat16 && !fp8_ok) || p.cache.latent_dim != kLatent ||
       p.cache.rope_dim != kRope || p.cache.block_size <= 0 || !Aligned16(p.cache.cache) ||
       !Aligned16(p.q_latent) || !Aligned16(p.out_latent) || p.num_tokens < 1 ||
       p.num_tokens > 65535 || p.num_heads < 1) {
@@ -469,13 +574,14 @@ bool MlaDecodeSmallSupported(const MlaAttentionParams& p) {
     cudaGetLastError();
     return false;
   }
-  const ClusterFacts f = FactsFor(1, device);
+  const ClusterFacts f = FactsFor(1, IsFp8(p), device);
   return f.error == cudaSuccess && f.clusters;
 }
 
 MlaDecodeSmallForm MlaDecodeSmallFormFor(const MlaAttentionParams& params,
                                          const MlaDecodeSmallOptions& options) {
-  return options.form == MlaDecodeSmallForm::kTensorCore && params.num_heads > 0 &&
+  return options.form == MlaDecodeSmallForm::kTensorCore && !IsFp8(params) &&
+                 params.num_heads > 0 &&
                  params.num_heads % mla_decode_small_internal::kMmaHeads == 0 &&
                  mla_decode_small_internal::MmaKernelRuns()
              ? MlaDecodeSmallForm::kTensorCore
@@ -512,7 +618,7 @@ cudaError_t MlaDecodeSmallShape(const MlaAttentionParams& params,
     if (want_cluster != 0 ? c != want_cluster : c == 16) continue;
     for (const int h : {1, 2, 4}) {
       if (want_heads != 0 && h != want_heads) continue;
-      const ClusterFacts f = FactsFor(h, device);
+      const ClusterFacts f = FactsFor(h, IsFp8(params), device);
       if (f.error != cudaSuccess) return f.error;
       if (!f.clusters) return cudaErrorInvalidValue;
       if ((params.num_heads + h - 1) / h > 65535) continue;
@@ -548,7 +654,7 @@ cudaError_t MlaDecodeSmall(const MlaAttentionParams& params, const MlaDecodeSmal
   }
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t c = LaunchConfig(params, cluster, heads_per_block, stream, &attr);
-  e = cudaLaunchKernelEx(&c, KernelFor(heads_per_block), params);
+  e = cudaLaunchKernelEx(&c, KernelFor(heads_per_block, IsFp8(params)), params);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }

@@ -14,7 +14,10 @@
 // grows with the context faster than the tensor-core kernel's: CudaBackend uses it for one decode
 // token up to CudaTuning::mla_decode_small_max_context positions. MlaDecodeSmallOptions::form
 // selects a tensor-core form of the same cluster design (16 heads a block, bf16 Q and P;
-// MlaDecodeSmallForm::kTensorCore).
+// MlaDecodeSmallForm::kTensorCore). The CUDA-core form also reads an FP8 cache (kFp8E4M3) itself:
+// each latent value bf16(e4m3_to_float(q) * s), as GatherFp8LatentCacheBf16 writes it, then the
+// bf16 cache's arithmetic, so its output over an FP8 cache is the bits of its output over the
+// gathered bf16 copy (at the same cluster and heads per block), with half the bytes read.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_SMALL_H_
 
@@ -27,7 +30,8 @@
 namespace deepinfer {
 namespace kernels {
 
-// The only cache shape the kernel takes (DeepSeek-V3 / Moonlight): latent 512 + rope 64, bf16.
+// The only cache shape the kernel takes (DeepSeek-V3 / Moonlight): latent 512 + rope 64, bf16 or
+// FP8.
 constexpr int32_t kMlaDecodeSmallLatent = 512;
 constexpr int32_t kMlaDecodeSmallRope = 64;
 // The largest cluster (context splits per token and head group): 16 is beyond the portable 8,
@@ -36,15 +40,17 @@ constexpr int32_t kMlaDecodeSmallMaxCluster = 16;
 
 // The arithmetic of the kernel.
 enum class MlaDecodeSmallForm : int32_t {
-  // fp32 CUDA-core math on the fp32 query and the exact bf16 keys (the header's top comment).
+  // fp32 CUDA-core math on the fp32 query and the exact bf16 keys (the header's top comment);
+  // bf16 and FP8 caches.
   kCudaCore = 0,
   // Tensor cores (mma.sync m16n8k16, bf16 in, fp32 sums; mla_decode_small_mma.cu): a block
   // takes 16 heads (the MMA's M), stages 32-key tiles of cache rows in shared memory and runs
   // the online softmax over them in fp32. The scores use the query rounded to bf16 (nearest
   // even) and P . V the probabilities rounded to bf16, as MlaAttentionF32's key-split and wgmma
   // kernels (MlaAttentionBf16Operands): results match a reference on the bf16-rounded query to
-  // within 2^-9 max |latent| per output element. Takes num_heads a multiple of 16; other head
-  // counts run kCudaCore. Launched with programmatic dependent launch (kernels/common/pdl.h):
+  // within 2^-9 max |latent| per output element. Takes num_heads a multiple of 16 over a bf16
+  // cache; other head counts and FP8 caches run kCudaCore. Launched with programmatic dependent
+  // launch (kernels/common/pdl.h):
   // it may start before the preceding kernel ends and waits for it before any read.
   kTensorCore = 1,
 };
@@ -57,14 +63,15 @@ struct MlaDecodeSmallOptions {
   MlaDecodeSmallForm form = MlaDecodeSmallForm::kCudaCore;
 };
 
-// True when MlaDecodeSmall takes these params on the current device: a bf16 cache of latent 512 +
-// rope 64 at a 16-byte-aligned address, q_latent 16-byte aligned, 1 to 65535 tokens, and a
-// device and binary with thread-block clusters (sm_90 code).
+// True when MlaDecodeSmall takes these params on the current device: a bf16 or FP8 cache of latent
+// 512 + rope 64 at a 16-byte-aligned address (FP8: Fp8LatentCacheLayoutValid with the rope key
+// 4-byte aligned in the entry), q_latent 16-byte aligned, 1 to 65535 tokens, and a device and
+// binary with thread-block clusters (sm_90 code).
 bool MlaDecodeSmallSupported(const MlaAttentionParams& params);
 
 // The form MlaDecodeSmall runs for these params and options: options.form, except kCudaCore
-// for a kTensorCore request whose num_heads is not a multiple of 16 (or on a device where the
-// tensor-core kernel does not run).
+// for a kTensorCore request over an FP8 cache, or whose num_heads is not a multiple of 16 (or on
+// a device where the tensor-core kernel does not run).
 MlaDecodeSmallForm MlaDecodeSmallFormFor(const MlaAttentionParams& params,
                                          const MlaDecodeSmallOptions& options);
 

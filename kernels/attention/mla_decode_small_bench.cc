@@ -12,8 +12,16 @@
 // `chain`: one token's attention core as the decode step runs it at 1024 positions (norm + rope +
 // cache write, W_uk, MlaDecodeSmall, W_uv; PDL as in the model): the first two as two launches or
 // one (NormRopeCacheAbsorbQueryF32), with each form, 10 chains per graph.
+// `fp8`: 1 request at 256 ... 4096 positions with 16 and 128 heads over an FP8 cache (e4m3 latent,
+// one scale a token, bf16 rope key; written by WriteLatentCacheF32): the CUDA-core form reading
+// the FP8 entries itself beside the same form over the bf16 copy of those entries, and the two
+// paths that copy first (GatherFp8LatentCacheBf16 of the token's entries, then MlaDecodeSmall or
+// MlaAttentionF32's key-split kernel on the copy: the gather's cost is in their times), with
+// MlaAttentionF32 over the FP8 entries; and the largest difference between the FP8 form's output
+// and the bf16 form's over the copy (0: the same bits).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -24,10 +32,12 @@
 
 #include "kernels/attention/mla_attention.h"
 #include "kernels/attention/mla_decode_small.h"
+#include "kernels/attention/mla_fp8_gather.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/testing/bench_timer.h"
 #include "kernels/testing/bench_util.h"
+#include "worker/backend/fp8_latent_entry.h"
 
 namespace deepinfer {
 namespace {
@@ -245,6 +255,130 @@ void RunChain(int32_t context, cudaStream_t stream) {
   std::fflush(stdout);
 }
 
+// 1 request at `context` positions over an FP8 cache (the `fp8` mode in the top comment).
+void RunFp8(int32_t context, int32_t heads, cudaStream_t stream) {
+  const int64_t entry = kLatent + kRope, qk = 128 + kRope;
+  const int32_t blocks = (context + kBlockSize - 1) / kBlockSize;
+  std::vector<int32_t> tables(blocks), slots(context);
+  for (int32_t b = 0; b < blocks; ++b) tables[b] = b;
+  for (int32_t p = 0; p < context; ++p) slots[p] = p;
+  const size_t out_elems = static_cast<size_t>(heads) * kLatent;
+  kernels::PagedLatentCache fp8;
+  constexpr Fp8LatentEntryLayout kLayout = Fp8LatentLayout(kLatent, kRope);
+  fp8.cache = bench::DeviceAlloc<uint8_t>(static_cast<size_t>(blocks) * kBlockSize * kLayout.bytes);
+  fp8.block_size = kBlockSize;
+  fp8.latent_dim = kLatent;
+  fp8.rope_dim = kRope;
+  fp8.type = kernels::LatentCacheType::kFp8E4M3;
+  fp8.fp8_rope_offset = static_cast<int32_t>(kLayout.rope_offset);
+  fp8.fp8_scale_offset = static_cast<int32_t>(kLayout.scale_offset);
+  fp8.fp8_entry_bytes = static_cast<int32_t>(kLayout.bytes);
+  const float* values = Upload(Uniform(static_cast<size_t>(context) * entry, 1));
+  BENCH_CUDA(kernels::WriteLatentCacheF32(context, values, entry, values + kLatent, entry,
+                                          Upload(slots), fp8, stream));
+  kernels::MlaAttentionParams p;
+  p.num_tokens = 1;
+  p.num_heads = heads;
+  p.q_latent = Upload(Uniform(out_elems, 2));
+  p.q_rope = Upload(Uniform(static_cast<size_t>(heads) * qk, 3)) + 128;
+  p.q_rope_token_stride = heads * qk;
+  p.q_rope_head_stride = qk;
+  p.cache = fp8;
+  p.block_tables = Upload(tables);
+  p.max_blocks_per_seq = blocks;
+  p.token_seq = Upload(std::vector<int32_t>{0});
+  p.context_len = Upload(std::vector<int32_t>{context});
+  p.softmax_scale = 1.0f / std::sqrt(192.0f);
+  float* out_fp8 = bench::DeviceAlloc<float>(out_elems * sizeof(float));
+  float* out_bf16 = bench::DeviceAlloc<float>(out_elems * sizeof(float));
+  p.out_latent = out_fp8;
+
+  // The token's entries as a bf16 paged cache (token rows), as the backend copies them.
+  kernels::Fp8GatherParams g;
+  g.src = fp8;
+  g.block_tables = p.block_tables;
+  g.max_blocks_per_seq = blocks;
+  g.token_seq = p.token_seq;
+  g.context_len = p.context_len;
+  g.token_seq_out = bench::DeviceAlloc<int32_t>(sizeof(int32_t));
+  g.num_rows = 1;
+  g.dst = bench::DeviceAlloc<uint16_t>(kernels::Fp8GatherDstBytes(blocks, fp8));
+  g.dst_blocks = blocks;
+  g.dst_tables = bench::DeviceAlloc<int32_t>(blocks * sizeof(int32_t));
+  g.table_width = blocks;
+  BENCH_CUDA(kernels::GatherFp8LatentCacheBf16(g, stream));
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  kernels::MlaAttentionParams copy = p;
+  copy.cache = {g.dst, kBlockSize, kLatent, kRope, kernels::LatentCacheType::kBFloat16};
+  copy.block_tables = g.dst_tables;
+  copy.token_seq = g.token_seq_out;
+  copy.out_latent = out_bf16;
+
+  char name[64];
+  std::snprintf(name, sizeof(name), "fp8 1 x ctx%d h%d", context, heads);
+  auto report = [&](const char* kernel, double graph_ms, double eager_ms) {
+    std::printf("%-22s %-40s graph %8.2f us  eager %8.2f us\n", name, kernel, graph_ms * 1e3,
+                eager_ms * 1e3);
+  };
+  if (!kernels::MlaDecodeSmallSupported(p) || !kernels::MlaDecodeSmallSupported(copy)) {
+    std::printf("%-22s MlaDecodeSmall: not supported on this device\n", name);
+    return;
+  }
+  const kernels::MlaDecodeSmallOptions o;  // the CUDA-core form, automatic shape (the backend's)
+  int cluster = 0, hpb = 0, cluster16 = 0, hpb16 = 0;
+  BENCH_CUDA(kernels::MlaDecodeSmallShape(p, o, &cluster, &hpb));
+  BENCH_CUDA(kernels::MlaDecodeSmallShape(copy, o, &cluster16, &hpb16));
+  const std::string fp8_name =
+      "MlaDecodeSmall fp8 cluster " + std::to_string(cluster) + " heads " + std::to_string(hpb);
+  const std::string bf16_name = "MlaDecodeSmall bf16 cluster " + std::to_string(cluster16) +
+                                " heads " + std::to_string(hpb16);
+  auto gather_then = [&](cudaStream_t s, bool small) {
+    cudaError_t e = kernels::GatherFp8LatentCacheBf16(g, s);
+    if (e == cudaSuccess)
+      e = small ? kernels::MlaDecodeSmall(copy, o, s) : kernels::MlaAttentionF32(copy, s);
+    return e;
+  };
+  kernels::MlaAttentionParams key_split = copy;
+  BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(key_split, &key_split.workspace_bytes));
+  key_split.workspace = bench::DeviceAlloc<char>(std::max<size_t>(key_split.workspace_bytes, 1));
+  report(fp8_name.c_str(),
+         GraphMeanMs([&](cudaStream_t s) { return kernels::MlaDecodeSmall(p, o, s); }, stream),
+         MedianMs([&] { return kernels::MlaDecodeSmall(p, o, nullptr); }));
+  report((bf16_name + " (on the copy)").c_str(),
+         GraphMeanMs([&](cudaStream_t s) { return kernels::MlaDecodeSmall(copy, o, s); }, stream),
+         MedianMs([&] { return kernels::MlaDecodeSmall(copy, o, nullptr); }));
+  report("gather + MlaDecodeSmall bf16",
+         GraphMeanMs([&](cudaStream_t s) { return gather_then(s, true); }, stream),
+         MedianMs([&] { return gather_then(nullptr, true); }));
+  report("gather + MlaAttentionF32 (key-split)",
+         GraphMeanMs(
+             [&](cudaStream_t s) {
+               cudaError_t e = kernels::GatherFp8LatentCacheBf16(g, s);
+               return e == cudaSuccess ? kernels::MlaAttentionF32(key_split, s) : e;
+             },
+             stream),
+         MedianMs([&] {
+           cudaError_t e = kernels::GatherFp8LatentCacheBf16(g, nullptr);
+           return e == cudaSuccess ? kernels::MlaAttentionF32(key_split, nullptr) : e;
+         }));
+  report("MlaAttentionF32 on the fp8 entries",
+         GraphMeanMs([&](cudaStream_t s) { return kernels::MlaAttentionF32(p, s); }, stream),
+         MedianMs([&] { return kernels::MlaAttentionF32(p, nullptr); }));
+  // The FP8 form against the bf16 form over the copy.
+  BENCH_CUDA(kernels::MlaDecodeSmall(p, o, nullptr));
+  BENCH_CUDA(kernels::MlaDecodeSmall(copy, o, nullptr));
+  std::vector<float> a(out_elems), b(out_elems);
+  BENCH_CUDA(cudaMemcpy(a.data(), out_fp8, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+  BENCH_CUDA(cudaMemcpy(b.data(), out_bf16, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+  double worst = 0;
+  for (size_t i = 0; i < out_elems; ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (!(d <= worst)) worst = d;  // NaN sticks
+  }
+  std::printf("%-22s max |MlaDecodeSmall fp8 - bf16 on the copy| = %.3g\n", name, worst);
+  std::fflush(stdout);
+}
+
 }  // namespace
 }  // namespace deepinfer
 
@@ -252,8 +386,9 @@ int main(int argc, char** argv) {
   const bool full = argc > 1 && std::strcmp(argv[1], "full") == 0;
   const bool chain = argc > 1 && std::strcmp(argv[1], "chain") == 0;
   const bool shapes = argc > 1 && std::strcmp(argv[1], "shapes") == 0;
-  if (argc > 2 || (argc == 2 && !full && !chain && !shapes)) {
-    std::fprintf(stderr, "usage: mla_decode_small_bench [full | chain | shapes]\n");
+  const bool fp8 = argc > 1 && std::strcmp(argv[1], "fp8") == 0;
+  if (argc > 2 || (argc == 2 && !full && !chain && !shapes && !fp8)) {
+    std::fprintf(stderr, "usage: mla_decode_small_bench [full | chain | shapes | fp8]\n");
     return 2;
   }
   int n = 0;
@@ -273,6 +408,14 @@ int main(int argc, char** argv) {
   }
   if (shapes) {
     deepinfer::Run(1, 1024, 16, /*every_shape=*/true, stream);
+    return 0;
+  }
+  if (fp8) {
+    for (int32_t heads : {16, 128}) {
+      for (int32_t context : {256, 512, 1024, 1280, 1536, 2048, 3072, 4096}) {
+        deepinfer::RunFp8(context, heads, stream);
+      }
+    }
     return 0;
   }
   for (int32_t context : {256, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096}) {

@@ -465,6 +465,8 @@ cudaError_t MmaCluster(const MlaAttentionParams& params, int cluster_size, int* 
 }
 
 cudaError_t MmaLaunch(const MlaAttentionParams& params, int cluster, cudaStream_t stream) {
+  // The kernel stages bf16 cache rows (MlaDecodeSmallFormFor sends other caches to kCudaCore).
+  if (params.cache.type != LatentCacheType::kBFloat16) return cudaErrorInvalidValue;
   cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t c = LaunchConfig(params, cluster, stream, &attrs[0]);
   if (ProgrammaticDependentLaunchEnabled()) {

@@ -23,7 +23,8 @@ bool MmaKernelRuns();
 // cudaErrorNotSupported when none (or the given size) can be scheduled.
 cudaError_t MmaCluster(const MlaAttentionParams& params, int cluster_size, int* cluster);
 
-// Launches the kernel with `cluster` blocks a cluster, with programmatic dependent launch.
+// Launches the kernel with `cluster` blocks a cluster, with programmatic dependent launch
+// (cudaErrorInvalidValue for a cache that is not bf16).
 cudaError_t MmaLaunch(const MlaAttentionParams& params, int cluster, cudaStream_t stream);
 
 }  // namespace mla_decode_small_internal

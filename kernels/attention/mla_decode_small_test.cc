@@ -7,6 +7,15 @@
 // cluster size and heads-per-block choice; the cache's unwritten slots and the output poisoned
 // (NaN); repeated calls and CUDA graph replays give the same bits as the first call; unsupported
 // shapes and options are rejected.
+//
+// Over an FP8 cache (entries written by the host's QuantizeFp8LatentEntry, one scale per token):
+// contexts 1, 33, 1000 and 1280 (and two tokens of mixed contexts), 16 and 128 heads, blocks of 16
+// and 64, every CUDA-core shape: the output is bit for bit MlaDecodeSmall's over a bf16 cache
+// holding the host-dequantised entries rounded to bf16 (DequantizeFp8LatentEntry, nearest even;
+// what GatherFp8LatentCacheBf16 writes), and within the bf16 cache's tolerance of
+// CpuBackend::MlaAttention reading the FP8 cache itself where every token's scale is a power of
+// two (the entries' values are then exact in bf16), of the CPU over the rounded entries where the
+// scales are arbitrary. The tensor-core form is not taken for FP8 caches (the CUDA-core one runs).
 #include "kernels/attention/mla_decode_small.h"
 
 #include <algorithm>
@@ -24,6 +33,7 @@
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/fp8_latent_entry.h"
 
 namespace deepinfer {
 namespace {
@@ -345,6 +355,219 @@ INSTANTIATE_TEST_SUITE_P(Forms, MlaDecodeSmallGraphTest, ::testing::Values(kCuda
                                                                         : "CudaCore");
                          });
 
+// An FP8 case: the sequences' lengths (one decode token each, seeing all of it), and whether
+// every token's scale is a power of two.
+struct Fp8Case {
+  std::string name;
+  int32_t heads;
+  int32_t block_size;
+  std::vector<int32_t> seq_len;
+  bool pow2_scales;
+};
+
+void PrintTo(const Fp8Case& c, std::ostream* os) { *os << c.name; }
+
+constexpr kernels::LatentCacheType kFp8Type = kernels::LatentCacheType::kFp8E4M3;
+constexpr Fp8LatentEntryLayout kFp8Layout = Fp8LatentLayout(kLatent, kRope);
+
+// The same cached tokens as an FP8 cache and as a bf16 cache of its dequantised entries rounded
+// to bf16, with one set of queries, block tables and outputs; `want` is the CPU over the FP8
+// cache (pow2_scales) or over the bf16 one.
+struct Fp8Problem {
+  kernels::MlaAttentionParams fp8, bf16;  // out_latent: out, out_bf16
+  std::vector<float> want;
+  std::unique_ptr<DeviceArray<float>> q_latent, q, out, out_bf16;
+  std::unique_ptr<DeviceArray<int32_t>> tables, token_seq, context_len;
+  std::unique_ptr<DeviceArray<uint8_t>> cache;
+  std::unique_ptr<DeviceArray<uint16_t>> rounded;
+};
+
+void BuildFp8(const Fp8Case& s, uint32_t seed, Fp8Problem* pr) {
+  const int32_t bs = s.block_size;
+  const int32_t seqs = static_cast<int32_t>(s.seq_len.size());
+  int32_t max_blocks = 0, num_blocks = 3;  // 3 blocks no sequence owns (poisoned)
+  for (int32_t len : s.seq_len) {
+    max_blocks = std::max(max_blocks, (len + bs - 1) / bs);
+    num_blocks += (len + bs - 1) / bs;
+  }
+  std::mt19937 gen(seed);
+  std::vector<int32_t> perm(num_blocks), tables(static_cast<size_t>(seqs) * max_blocks, 0);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), gen);
+  int next = 0;
+  for (int32_t q = 0; q < seqs; ++q) {
+    for (int32_t b = 0; b * bs < s.seq_len[q]; ++b) tables[q * max_blocks + b] = perm[next++];
+  }
+  // Every written entry quantised from a random row (latent scaled per token, so that the
+  // scales differ); unwritten bytes 0xFF (NaN codes, a NaN scale) and unwritten bf16 values NaN.
+  const int64_t slots = static_cast<int64_t>(num_blocks) * bs, entry = kLatent + kRope;
+  std::vector<uint8_t> cache(static_cast<size_t>(slots * kFp8Layout.bytes), 0xFFu);
+  std::vector<uint16_t> rounded(static_cast<size_t>(slots * entry), 0xFFFFu);
+  std::uniform_real_distribution<float> binades(-1.0f, 1.0f);
+  std::vector<float> row(entry);
+  for (int32_t q = 0; q < seqs; ++q) {
+    for (int32_t p = 0; p < s.seq_len[q]; ++p) {
+      const int64_t slot = static_cast<int64_t>(tables[q * max_blocks + p / bs]) * bs + p % bs;
+      row = testing::RandomFloats(entry, seed + 10 + static_cast<uint32_t>(slot));
+      if (s.pow2_scales) {
+        // amax = 448 * 2^e: the scale is 2^e, and every value e4m3(q) * 2^e is exact in bf16.
+        int32_t at = 0;
+        for (int32_t i = 1; i < kLatent; ++i) {
+          if (std::fabs(row[i]) > std::fabs(row[at])) at = i;
+        }
+        const float amax = std::ldexp(kFp8E4M3Max, (gen() & 1) != 0 ? -8 : -7);
+        const float m = amax / std::fabs(row[at]);
+        for (int32_t i = 0; i < kLatent; ++i) {
+          row[i] = std::copysign(std::min(std::fabs(row[i] * m), amax), row[i]);
+        }
+        row[at] = std::copysign(amax, row[at]);
+      } else {
+        const float m = std::exp2(binades(gen));
+        for (int32_t i = 0; i < kLatent; ++i) row[i] *= m;
+      }
+      uint8_t* e = cache.data() + slot * kFp8Layout.bytes;
+      QuantizeFp8LatentEntry(row.data(), kLatent, row.data() + kLatent, kRope, e);
+      DequantizeFp8LatentEntry(e, kLatent, kRope, row.data());
+      for (int64_t i = 0; i < entry; ++i) rounded[slot * entry + i] = FloatToBf16Bits(row[i]);
+    }
+  }
+  std::vector<int32_t> token_seq(seqs), context_len = s.seq_len;
+  std::iota(token_seq.begin(), token_seq.end(), 0);
+  const int64_t qk = kNope + kRope, qdim = s.heads * qk;
+  const auto q_latent = testing::RandomFloats(int64_t{seqs} * s.heads * kLatent, seed + 2);
+  const auto q = testing::RandomFloats(int64_t{seqs} * qdim, seed + 3);
+  const float scale = 0.0721f;
+
+  CpuBackend cpu(2);
+  MlaAttentionArgs a;
+  a.num_tokens = seqs;
+  a.num_heads = s.heads;
+  a.q_latent = q_latent.data();
+  a.q_rope = q.data() + kNope;
+  a.q_rope_token_stride = qdim;
+  a.q_rope_head_stride = qk;
+  a.cache = s.pow2_scales
+                ? PagedLatentCacheView{cache.data(), bs, kLatent, kRope, WeightDType::kFp8E4M3}
+                : PagedLatentCacheView{rounded.data(), bs, kLatent, kRope, WeightDType::kBFloat16};
+  a.block_tables = tables.data();
+  a.max_blocks_per_seq = max_blocks;
+  a.token_seq = token_seq.data();
+  a.context_len = context_len.data();
+  a.softmax_scale = scale;
+  pr->want.assign(static_cast<size_t>(seqs) * s.heads * kLatent, 0.0f);
+  a.out_latent = pr->want.data();
+  cpu.MlaAttention(a);
+
+  pr->q_latent = std::make_unique<DeviceArray<float>>(q_latent);
+  pr->q = std::make_unique<DeviceArray<float>>(q);
+  pr->out = std::make_unique<DeviceArray<float>>(pr->want.size());
+  pr->out_bf16 = std::make_unique<DeviceArray<float>>(pr->want.size());
+  pr->tables = std::make_unique<DeviceArray<int32_t>>(tables);
+  pr->token_seq = std::make_unique<DeviceArray<int32_t>>(token_seq);
+  pr->context_len = std::make_unique<DeviceArray<int32_t>>(context_len);
+  pr->cache = std::make_unique<DeviceArray<uint8_t>>(cache);
+  pr->rounded = std::make_unique<DeviceArray<uint16_t>>(rounded);
+
+  kernels::MlaAttentionParams& p = pr->fp8;
+  p.num_tokens = seqs;
+  p.num_heads = s.heads;
+  p.q_latent = pr->q_latent->get();
+  p.q_rope = pr->q->get() + kNope;
+  p.q_rope_token_stride = qdim;
+  p.q_rope_head_stride = qk;
+  p.cache.cache = pr->cache->get();
+  p.cache.block_size = bs;
+  p.cache.latent_dim = kLatent;
+  p.cache.rope_dim = kRope;
+  p.cache.type = kFp8Type;
+  p.cache.fp8_rope_offset = static_cast<int32_t>(kFp8Layout.rope_offset);
+  p.cache.fp8_scale_offset = static_cast<int32_t>(kFp8Layout.scale_offset);
+  p.cache.fp8_entry_bytes = static_cast<int32_t>(kFp8Layout.bytes);
+  p.block_tables = pr->tables->get();
+  p.max_blocks_per_seq = max_blocks;
+  p.token_seq = pr->token_seq->get();
+  p.context_len = pr->context_len->get();
+  p.softmax_scale = scale;
+  p.out_latent = pr->out->get();
+  pr->bf16 = p;
+  pr->bf16.cache = {pr->rounded->get(), bs, kLatent, kRope, kernels::LatentCacheType::kBFloat16};
+  pr->bf16.out_latent = pr->out_bf16->get();
+}
+
+class MlaDecodeSmallFp8Test : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(MlaDecodeSmallFp8Test, EqualsTheBf16FormOverTheRoundedEntriesAndMatchesCpu) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const Fp8Case s = GetParam();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << s.name << " seed " << seed);
+  Fp8Problem pr;
+  BuildFp8(s, seed, &pr);
+  ASSERT_TRUE(kernels::Fp8LatentCacheLayoutValid(pr.fp8.cache));
+  if (!kernels::MlaDecodeSmallSupported(pr.fp8)) {
+    GTEST_SKIP() << "no thread-block clusters on this device";
+  }
+  std::vector<float> got, want_bits, again;
+  for (int cluster : {0, 1, 2, 4, 8, 16}) {
+    for (int heads_per_block : {0, 1, 2, 4}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "cluster " << cluster << ", heads per block " << heads_per_block);
+      const kernels::MlaDecodeSmallOptions o{cluster, heads_per_block, kCudaCore};
+      int shape_cluster = 0, shape_heads = 0;
+      const cudaError_t shaped =
+          kernels::MlaDecodeSmallShape(pr.fp8, o, &shape_cluster, &shape_heads);
+      if (shaped == cudaErrorNotSupported) {
+        std::cout << "[mla-decode-small] " << s.name << " FP8 cluster " << cluster
+                  << ": not schedulable here\n";
+        continue;
+      }
+      DEEPINFER_CUDA_OK(shaped);
+      // The bf16 form at the shape the FP8 call runs (the same sums in the same order).
+      const kernels::MlaDecodeSmallOptions same{shape_cluster, shape_heads, kCudaCore};
+      pr.out->Poison();
+      pr.out_bf16->Poison();
+      DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.fp8, o, nullptr));
+      DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.bf16, same, nullptr));
+      DEEPINFER_CUDA_OK(pr.out->Download(&got));
+      DEEPINFER_CUDA_OK(pr.out_bf16->Download(&want_bits));
+      EXPECT_TRUE(testing::SameBits(got, want_bits, got.size()));
+      const ::testing::AssertionResult close = AllClose(got, pr.want, kAtol, kRtol);
+      EXPECT_TRUE(close);
+      if (heads_per_block == 0) {
+        std::cout << "[mla-decode-small] " << s.name << " FP8 cluster " << shape_cluster
+                  << " heads per block " << shape_heads << ": " << close.message() << "\n";
+      }
+      // A tensor-core request runs the CUDA-core form on an FP8 cache: the same bits.
+      const kernels::MlaDecodeSmallOptions tc{cluster, heads_per_block, kTensorCore};
+      EXPECT_EQ(kernels::MlaDecodeSmallFormFor(pr.fp8, tc), kCudaCore);
+      pr.out->Poison();
+      DEEPINFER_CUDA_OK(kernels::MlaDecodeSmall(pr.fp8, tc, nullptr));
+      DEEPINFER_CUDA_OK(pr.out->Download(&again));
+      EXPECT_TRUE(testing::SameBits(again, got, got.size())) << "tensor-core request";
+    }
+  }
+}
+
+std::vector<Fp8Case> Fp8Cases() {
+  std::vector<Fp8Case> c;
+  for (const bool pow2 : {true, false}) {
+    const std::string scales = pow2 ? "_pow2_scales" : "_any_scales";
+    for (const int32_t heads : {16, 128}) {
+      const std::string h = "_" + std::to_string(heads) + "_heads";
+      for (const int32_t ctx : {1, 33, 1000, 1280}) {
+        c.push_back({"1_token_ctx_" + std::to_string(ctx) + h + scales, heads, 16, {ctx}, pow2});
+      }
+    }
+    c.push_back({"2_tokens_ctx_33_1000_block_64" + scales, 16, 64, {33, 1000}, pow2});
+  }
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MlaDecodeSmallFp8Test, ::testing::ValuesIn(Fp8Cases()),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) {
+                           return info.param.name;
+                         });
+
 TEST(MlaDecodeSmallLimitsTest, RejectsOtherShapesAndOptions) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   Problem pr;
@@ -384,6 +607,21 @@ TEST(MlaDecodeSmallLimitsTest, RejectsOtherShapesAndOptions) {
     EXPECT_EQ(kernels::MlaDecodeSmallFormFor(p, {0, 0, kTensorCore}), kCudaCore) << heads;
   }
   EXPECT_EQ(kernels::MlaDecodeSmallFormFor(pr.params, {}), kCudaCore);
+  // FP8 layouts the lanes' loads cannot take.
+  Fp8Problem f;
+  BuildFp8({"limits_fp8", 16, 16, {40}, true}, 7, &f);
+  ASSERT_TRUE(kernels::MlaDecodeSmallSupported(f.fp8));
+  p = f.fp8;
+  p.cache.fp8_rope_offset += 2;  // 2-byte aligned only
+  p.cache.fp8_scale_offset += 4;
+  EXPECT_FALSE(kernels::MlaDecodeSmallSupported(p));
+  p = f.fp8;
+  p.cache.fp8_entry_bytes += 8;  // entries not 16-byte aligned
+  EXPECT_FALSE(kernels::MlaDecodeSmallSupported(p));
+  p = f.fp8;
+  p.cache.fp8_scale_offset = p.cache.fp8_rope_offset;  // overlaps the rope key
+  EXPECT_FALSE(kernels::MlaDecodeSmallSupported(p));
+  EXPECT_EQ(kernels::MlaDecodeSmall(p, {}, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

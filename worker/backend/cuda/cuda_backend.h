@@ -428,8 +428,8 @@ class CudaBackend : public Backend {
   static constexpr int64_t kMlaPrefillMinWork = 16384;
   // A batch of kMlaDecodeSmallMaxTokens (1) token without prefill spans whose context is at most
   // CudaTuning::mla_decode_small_max_context goes to kernels::MlaDecodeSmall (one launch, no
-  // workspace)
-  // where it takes the shape; longer (or unknown: no spans and no max_context_hint) contexts and
+  // workspace; over an FP8 cache it reads the entries itself, without the bf16 copy) where it
+  // takes the shape; longer (or unknown: no spans and no max_context_hint) contexts and
   // more tokens to MlaAttentionF32. Measured on the H200 (docs/cuda/bf16-and-kv-cache.md,
   // "Few-token decode kernel"): the one-launch kernel wins at short contexts and loses at long ones
   // (its work per key is fp32 CUDA-core instructions), and with 2-8 tokens loses at 4096 by up to

@@ -1,11 +1,13 @@
 // CudaBackend's attention ops: rope, the latent cache writes (with the norm, rope and W_uk
 // product in one launch at a decode token), MLA attention (the one-launch decode kernel, the
 // key-split decode kernels, the tensor-core prefill) and the non-absorbed MLA prefill. An FP8
-// latent cache (fp8_latent_entry.h) is written by its own quantising kernel; attention over it
-// first dequantises the entries the call reads into a bf16 copy laid out as a bf16 paged cache
-// (kernels::GatherFp8LatentCacheBf16, scratch reused across layers) and runs the bf16 cache's
-// kernels on the copy; where the copy would exceed kFp8CopyMaxBytes, and in the batch-invariant
-// mode, the CUDA-core MLA kernel reads the FP8 entries itself.
+// latent cache (fp8_latent_entry.h) is written by its own quantising kernel. One decode token at
+// a context the one-launch kernel takes (kernels::MlaDecodeSmall) is read by that kernel straight
+// from the FP8 entries (the bits of the bf16 path below over the same entries). Other attention
+// over an FP8 cache first dequantises the entries the call reads into a bf16 copy laid out as a
+// bf16 paged cache (kernels::GatherFp8LatentCacheBf16, scratch reused across layers) and runs
+// the bf16 cache's kernels on the copy; where the copy would exceed kFp8CopyMaxBytes, and in the
+// batch-invariant mode, the CUDA-core MLA kernel reads the FP8 entries itself.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -330,11 +332,40 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
     q->max_blocks_per_seq = copy.width;
   };
   std::vector<kernels::MlaPrefillSequence> prefill;
+  if (a.sequences != nullptr &&
+      !SpansTileTheBatch("CudaBackend::MlaAttention", a.sequences, a.num_sequences, a.num_tokens,
+                         /*max_context=*/-1)) {
+    return;
+  }
+  // The longest context the call reads: the spans', else the recorded step's bound (0: unknown).
+  int32_t max_context = a.max_context_hint;
   if (a.sequences != nullptr) {
-    if (!SpansTileTheBatch("CudaBackend::MlaAttention", a.sequences, a.num_sequences, a.num_tokens,
-                           /*max_context=*/-1)) {
-      return;
+    max_context = 0;
+    for (int32_t i = 0; i < a.num_sequences; ++i) {
+      max_context = std::max(max_context, a.sequences[i].context_len);
     }
+  }
+  // One decode token at a short context: one launch of the cluster kernel where it takes the
+  // shape (a bf16 or FP8 cache of latent 512 + rope 64, sm_90); false (nothing launched) where it
+  // does not, or where the device cannot schedule its clusters.
+  auto decode_small = [&](const kernels::MlaAttentionParams& q) {
+    if (q.num_tokens <= kMlaDecodeSmallMaxTokens && max_context > 0 &&
+        max_context <= tuning_.mla_decode_small_max_context &&
+        kernels::MlaDecodeSmallSupported(q)) {
+      const cudaError_t e = kernels::MlaDecodeSmall(q, kernels::MlaDecodeSmallOptions(), stream_);
+      if (e != cudaErrorNotSupported) {
+        Check(e, "kernels::MlaDecodeSmall");
+        return true;
+      }
+    }
+    return false;
+  };
+  // Such a token over an FP8 cache: the kernel reads the FP8 entries, no copy (a span of
+  // kMlaDecodeSmallMaxTokens tokens is never a tensor-core prefill).
+  static_assert(kMlaDecodeSmallMaxTokens < kMlaPrefillMinTokens,
+                "a one-launch decode call has no prefill spans");
+  if (fp8 && decode_small(p)) return;
+  if (a.sequences != nullptr) {
     bool copied = false;
     if (fp8) {
       PhaseTimer phase(this, "MlaAttention/fp8-gather", true);
@@ -354,26 +385,8 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
     }
   }
   if (prefill.empty()) {
-    // One decode token at a short context: one launch of the cluster kernel where it takes the
-    // shape (bf16 cache, latent 512 + rope 64, sm_90); a device that cannot schedule its
-    // clusters falls back.
-    int32_t max_context = a.max_context_hint;
-    if (a.sequences != nullptr) {
-      max_context = 0;
-      for (int32_t i = 0; i < a.num_sequences; ++i) {
-        max_context = std::max(max_context, a.sequences[i].context_len);
-      }
-    }
     auto decode = [&](const kernels::MlaAttentionParams& q) {
-      if (q.num_tokens <= kMlaDecodeSmallMaxTokens && max_context > 0 &&
-          max_context <= tuning_.mla_decode_small_max_context &&
-          kernels::MlaDecodeSmallSupported(q)) {
-        const cudaError_t e = kernels::MlaDecodeSmall(q, kernels::MlaDecodeSmallOptions(), stream_);
-        if (e != cudaErrorNotSupported) {
-          Check(e, "kernels::MlaDecodeSmall");
-          return;
-        }
-      }
+      if (decode_small(q)) return;
       Check(kernels::MlaAttentionF32(q, stream_), "kernels::MlaAttentionF32");
     };
     if (fp8 && a.sequences == nullptr && a.max_blocks_per_seq > 0) {

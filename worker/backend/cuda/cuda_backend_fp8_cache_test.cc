@@ -6,7 +6,10 @@
 // cache's tensor-core kernels over a bf16 copy of the entries (kernels::GatherFp8LatentCacheBf16,
 // the "fp8-gather" phases of the op report), so decode gives the bits of the bf16 cache holding
 // the entries rounded to bf16, and every result is within the bf16 kernels' tolerances of the CPU
-// over the FP8 entries.
+// over the FP8 entries. One decode token at a context up to
+// CudaTuning::mla_decode_small_max_context runs kernels::MlaDecodeSmall on the FP8 entries
+// themselves (no gather phase), eager and replayed, with the bits of the same call over the
+// bf16 cache of the rounded entries.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/attention/mla_decode_small.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
@@ -325,6 +329,157 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
   {
     SCOPED_TRACE("prefill spans");
     run({37, 200, 1, 129}, /*replay=*/false);
+  }
+}
+
+// One decode token at contexts 1, 33, 129 and 300 (<= CudaTuning::mla_decode_small_max_context):
+// MlaDecodeSmall reads the FP8 entries itself: no gather phase in the op report, the bits of the
+// same call over a bf16 cache of the entries rounded to bf16 (the one-launch kernel there too, at
+// the same cluster shape), within fp32 tolerances of the CPU over those rounded entries (the
+// kernel's math is fp32 on the exact rounded values), and the same bits replayed from a
+// recording whose class bound (max_context_hint) is at most the maximum. With a bound above it
+// the recording runs the copy and the key-split kernel: the bits of that path over the bf16
+// cache, and not the one-launch kernel's (which tells the two paths apart).
+TEST_F(CudaBackendFp8CacheTest, OneDecodeTokenReadsTheFp8EntriesWithoutACopy) {
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  constexpr int32_t kMaxBlocks = 19;
+  const int32_t max_context = gpu_->tuning().mla_decode_small_max_context;
+  ASSERT_GE(max_context, 300) << "the contexts below are meant to be within the maximum";
+  std::mt19937 gen(seed);
+  std::vector<int32_t> table(kMaxBlocks + 5);  // 5 blocks the sequence does not own
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), gen);
+  const int32_t num_blocks = static_cast<int32_t>(table.size());
+  table.resize(kMaxBlocks);
+  std::vector<int32_t> slots;
+  for (int32_t p = 0; p < kMaxBlocks * kBlock; ++p) {
+    slots.push_back(table[p / kBlock] * kBlock + p % kBlock);
+  }
+  const int64_t cached = static_cast<int64_t>(slots.size());
+  const std::vector<float> kv = VariedEntries(cached, seed + 1, /*binades=*/1.0f);
+  std::vector<uint8_t> cache(static_cast<size_t>(num_blocks) * kBlock * kEntryBytes, 0);
+  cpu_.WriteLatentCache(cached, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
+                        View(cache.data()));
+  std::vector<uint16_t> rounded = RoundedToBf16(cache);
+  auto dcache = gpu_->Allocate(cache.size());
+  gpu_->CopyToDevice(cache.data(), cache.size(), dcache->data());
+  auto drounded = gpu_->Allocate(rounded.size() * sizeof(uint16_t));
+  gpu_->CopyToDevice(rounded.data(), rounded.size() * sizeof(uint16_t), drounded->data());
+  auto dtable = UploadInts(table), dseq = UploadInts({0});
+  const auto q_latent = testing::RandomFloats(int64_t{kHeads} * kLatent, seed + 2);
+  const auto q_rope = testing::RandomFloats(int64_t{kHeads} * kRope, seed + 3);
+  auto dql = Upload(q_latent), dqr = Upload(q_rope);
+  const size_t out_size = static_cast<size_t>(kHeads) * kLatent;
+  auto out = Poisoned(out_size), out16 = Poisoned(out_size);
+
+  // The kernel's cluster shape over each cache (the same: the two forms' kernels have the same
+  // shared memory and occupancy), for the bit-for-bit comparison below.
+  kernels::MlaAttentionParams kp;
+  kp.num_tokens = 1;
+  kp.num_heads = kHeads;
+  kp.q_latent = dql->as<float>();
+  kp.out_latent = out->as<float>();
+  constexpr Fp8LatentEntryLayout kLayout = Fp8LatentLayout(kLatent, kRope);
+  kp.cache = {dcache->data(),
+              kBlock,
+              kLatent,
+              kRope,
+              kernels::LatentCacheType::kFp8E4M3,
+              static_cast<int32_t>(kLayout.rope_offset),
+              static_cast<int32_t>(kLayout.scale_offset),
+              static_cast<int32_t>(kLayout.bytes)};
+  if (!kernels::MlaDecodeSmallSupported(kp)) GTEST_SKIP() << "no thread-block clusters";
+  kernels::MlaAttentionParams kp16 = kp;
+  kp16.cache = {drounded->data(), kBlock, kLatent, kRope, kernels::LatentCacheType::kBFloat16};
+  int cluster = 0, heads = 0, cluster16 = 0, heads16 = 0;
+  ASSERT_EQ(kernels::MlaDecodeSmallShape(kp, {}, &cluster, &heads), cudaSuccess);
+  ASSERT_EQ(kernels::MlaDecodeSmallShape(kp16, {}, &cluster16, &heads16), cudaSuccess);
+  ASSERT_EQ(cluster, cluster16);
+  ASSERT_EQ(heads, heads16);
+
+  for (const int32_t len : {1, 33, 129, 300}) {
+    SCOPED_TRACE(::testing::Message() << "context " << len);
+    const std::vector<int32_t> ctx = {len};
+    auto dctx = UploadInts(ctx);
+    const MlaSequenceSpan span{0, 1, len};
+    MlaAttentionArgs a;
+    a.num_tokens = 1;
+    a.num_heads = kHeads;
+    a.q_latent = q_latent.data();
+    a.q_rope = q_rope.data();
+    a.q_rope_token_stride = kHeads * kRope;
+    a.q_rope_head_stride = kRope;
+    a.cache = {rounded.data(), kBlock, kLatent, kRope, WeightDType::kBFloat16};
+    a.block_tables = table.data();
+    a.max_blocks_per_seq = kMaxBlocks;
+    const std::vector<int32_t> token_seq = {0};
+    a.token_seq = token_seq.data();
+    a.context_len = ctx.data();
+    a.softmax_scale = 0.0721f;
+    std::vector<float> want(out_size);
+    a.out_latent = want.data();
+    cpu_.MlaAttention(a);
+
+    MlaAttentionArgs g = a;
+    g.q_latent = dql->as<float>();
+    g.q_rope = dqr->as<float>();
+    g.cache = View(dcache->data());
+    g.block_tables = dtable->as<int32_t>();
+    g.token_seq = dseq->as<int32_t>();
+    g.context_len = dctx->as<int32_t>();
+    MlaAttentionArgs g16 = g;
+    g16.cache = {drounded->data(), kBlock, kLatent, kRope, WeightDType::kBFloat16};
+    // Fresh NaN outputs for a call and its bf16-cache twin.
+    auto poison = [&](MlaAttentionArgs* x, MlaAttentionArgs* x16) {
+      out = Poisoned(out_size);
+      out16 = Poisoned(out_size);
+      x->out_latent = out->as<float>();
+      x16->out_latent = out16->as<float>();
+    };
+
+    // Eager, with the span.
+    g.sequences = g16.sequences = &span;
+    g.num_sequences = g16.num_sequences = 1;
+    poison(&g, &g16);
+    gpu_->SetOpTiming(true);
+    gpu_->MlaAttention(g);
+    const std::string report = gpu_->TakeOpTimingReport();
+    gpu_->SetOpTiming(false);
+    EXPECT_EQ(CallsOf(report, "MlaAttention"), 1) << report;
+    EXPECT_LT(CallsOf(report, "MlaAttention/fp8-gather"), 1) << report;  // no such line
+    gpu_->MlaAttention(g16);
+    ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+    const std::vector<float> eager = Download(*out);
+    EXPECT_TRUE(testing::SameBits(eager, Download(*out16), out_size));
+    EXPECT_TRUE(AllClose(eager, want, 1e-4, 5e-4));
+
+    // Replayed without spans: the class bound at the maximum (the one-launch kernel), then above
+    // it (the copy and the key-split kernel).
+    for (const int32_t hint : {max_context, max_context + 1}) {
+      SCOPED_TRACE(::testing::Message() << "replayed, max_context_hint " << hint);
+      MlaAttentionArgs r = g, r16 = g16;
+      r.sequences = r16.sequences = nullptr;
+      r.num_sequences = r16.num_sequences = 0;
+      r.max_context_hint = r16.max_context_hint = hint;
+      poison(&r, &r16);
+      auto ops = Record([&] {
+        gpu_->MlaAttention(r);
+        gpu_->MlaAttention(r16);
+        return true;
+      });
+      ASSERT_NE(ops, nullptr);
+      ASSERT_TRUE(ops->Replay().ok());
+      ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+      const std::vector<float> got = Download(*out);
+      EXPECT_TRUE(testing::SameBits(got, Download(*out16), out_size));
+      if (hint <= max_context) {
+        EXPECT_TRUE(testing::SameBits(got, eager, out_size));
+      } else if (len > 1) {  // (one key: both give its latent exactly)
+        EXPECT_NE(std::memcmp(got.data(), eager.data(), out_size * sizeof(float)), 0)
+            << "the key-split path gave the one-launch kernel's bits: the paths are not told apart";
+      }
+    }
   }
 }
 
