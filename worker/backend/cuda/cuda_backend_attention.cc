@@ -1,11 +1,15 @@
 // CudaBackend's attention ops: rope, the latent cache writes (with the norm, rope and W_uk
 // product in one launch at a decode token), MLA attention (the one-launch decode kernel, the
 // key-split decode kernels, the tensor-core prefill) and the non-absorbed MLA prefill. An FP8
-// latent cache (fp8_latent_entry.h) is written by its own quantising kernel; attention over it
-// first dequantises the entries the call reads into a bf16 copy laid out as a bf16 paged cache
-// (kernels::GatherFp8LatentCacheBf16, scratch reused across layers) and runs the bf16 cache's
+// latent cache (fp8_latent_entry.h) is written by its own quantising kernel. Decode attention over
+// it runs the key-split kernel on the FP8 entries wherever that is the kernel the bf16 cache
+// would run (kernels::MlaAttentionReadsFp8Directly: the same bits as over a bf16 copy). The other
+// calls (prefill, the one-token decode kernel, the 64-head wgmma kernel) first dequantise the
+// entries the call reads into a bf16 copy laid out as a bf16 paged cache
+// (kernels::GatherFp8LatentCacheBf16, scratch reused across layers) and run the bf16 cache's
 // kernels on the copy; where the copy would exceed kFp8CopyMaxBytes, and in the batch-invariant
-// mode, the CUDA-core MLA kernel reads the FP8 entries itself.
+// mode, MlaAttentionF32 reads the FP8 entries itself (the key-split kernel, or for shapes it does
+// not take the CUDA-core kernel).
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -318,9 +322,24 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
     r.out_latent = q.out_latent + t0 * a.num_heads * a.cache.latent_dim;
     return r;
   };
-  // An FP8 cache: the entries the call reads as a bf16 copy (the bf16 cache's kernels below run
-  // on it); `cache` is the view the kernels read.
+  // The decode kernels' longest context (the one-token kernel runs up to
+  // mla_decode_small_max_context).
+  int32_t max_context = a.max_context_hint;
+  if (a.sequences != nullptr) {
+    max_context = 0;
+    for (int32_t i = 0; i < a.num_sequences; ++i) {
+      max_context = std::max(max_context, a.sequences[i].context_len);
+    }
+  }
+  auto decode_small = [&](const kernels::MlaAttentionParams& q) {
+    return q.num_tokens <= kMlaDecodeSmallMaxTokens && max_context > 0 &&
+           max_context <= tuning_.mla_decode_small_max_context;
+  };
+  // An FP8 cache: decode calls that MlaAttentionF32 runs on the FP8 entries as it would run a
+  // bf16 cache read them directly (fp8_direct); the others read the entries as a bf16 copy (the
+  // bf16 cache's kernels below run on it); `cache` is the view the kernels read.
   const bool fp8 = a.cache.dtype == WeightDType::kFp8E4M3;
+  const bool fp8_direct = fp8 && !decode_small(p) && kernels::MlaAttentionReadsFp8Directly(p);
   Fp8CacheCopy copy;
   PagedLatentCacheView cache = a.cache;
   auto use_copy = [&](kernels::MlaAttentionParams* q) {
@@ -335,8 +354,12 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
                            /*max_context=*/-1)) {
       return;
     }
+    bool any_prefill = false;
+    for (int32_t i = 0; i < a.num_sequences; ++i) {
+      any_prefill = any_prefill || UsesTensorCoreAttention(a.sequences[i]);
+    }
     bool copied = false;
-    if (fp8) {
+    if (fp8 && (any_prefill || !fp8_direct)) {
       PhaseTimer phase(this, "MlaAttention/fp8-gather", true);
       if (!Check(CopyFp8Spans(this, stream_, a.cache, a.block_tables, a.max_blocks_per_seq,
                               a.sequences, a.num_sequences, &copy, &copied),
@@ -357,17 +380,8 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
     // One decode token at a short context: one launch of the cluster kernel where it takes the
     // shape (bf16 cache, latent 512 + rope 64, sm_90); a device that cannot schedule its
     // clusters falls back.
-    int32_t max_context = a.max_context_hint;
-    if (a.sequences != nullptr) {
-      max_context = 0;
-      for (int32_t i = 0; i < a.num_sequences; ++i) {
-        max_context = std::max(max_context, a.sequences[i].context_len);
-      }
-    }
     auto decode = [&](const kernels::MlaAttentionParams& q) {
-      if (q.num_tokens <= kMlaDecodeSmallMaxTokens && max_context > 0 &&
-          max_context <= tuning_.mla_decode_small_max_context &&
-          kernels::MlaDecodeSmallSupported(q)) {
+      if (decode_small(q) && kernels::MlaDecodeSmallSupported(q)) {
         const cudaError_t e = kernels::MlaDecodeSmall(q, kernels::MlaDecodeSmallOptions(), stream_);
         if (e != cudaErrorNotSupported) {
           Check(e, "kernels::MlaDecodeSmall");
@@ -376,7 +390,7 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
       }
       Check(kernels::MlaAttentionF32(q, stream_), "kernels::MlaAttentionF32");
     };
-    if (fp8 && a.sequences == nullptr && a.max_blocks_per_seq > 0) {
+    if (fp8 && !fp8_direct && a.sequences == nullptr && a.max_blocks_per_seq > 0) {
       // No spans (a recorded decode step): token t's row of the copy holds its own context, up
       // to the block table's width, and the tokens run in as few equal chunks as keep the copy
       // within kFp8CopyMaxBytes (the chunks reuse one copy, in stream order).
