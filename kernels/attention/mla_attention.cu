@@ -30,14 +30,14 @@
 // MlaCombineKernel (fewer than 8 splits) or MlaCombineWideKernel merges them (FlashDecoding).
 // All accumulation is fp32.
 //
-// With an FP8 cache, DeepSeek's latent 512 + rope 64 goes to the key-split kernel (variant 9 and
-// the default's choice where the bf16 cache's would be 9), which stages each tile's FP8 entries
-// (656 bytes a key against 1152 in bf16) and converts them into the bf16 values of
-// mla_fp8_gather.h's copy in shared memory: the output is bit for bit the kernel's over that
-// copy. Other shapes and variants run this CUDA-core kernel, which dequantises each key to fp32
-// in shared memory (codes times the entry's scale, the bf16 rope key widened) with plain loads:
-// the fp32 kernel's math. (The CUDA backend runs the other tensor-core kernels over an FP8 cache
-// by dequantising the entries into a bf16 copy first, mla_fp8_gather.h.)
+// With an FP8 cache, DeepSeek's latent 512 + rope 64 goes to the key-split kernel or the 64-head
+// wgmma kernel, chosen as for a bf16 cache; both stage each tile's FP8 entries (656 bytes a key
+// against 1152 in bf16) and convert them into the bf16 values of mla_fp8_gather.h's copy in
+// shared memory: the output is bit for bit the kernel's over that copy. Other shapes and variants
+// run this CUDA-core kernel, which dequantises each key to fp32 in shared memory (codes times the
+// entry's scale, the bf16 rope key widened) with plain loads: the fp32 kernel's math. (The CUDA
+// backend runs the other tensor-core kernels over an FP8 cache by dequantising the entries into a
+// bf16 copy first, mla_fp8_gather.h.)
 //
 // With a bf16 cache the same kernel widens each key to fp32 in shared memory (any shape), but
 // DeepSeek's latent 512 + rope 64 goes to MlaBf16KeySplitKernel (FlashMLA's work split: each
@@ -172,7 +172,7 @@ struct GroupedPlan {
   size_t smem = 0;
   bool mma = false;
   bool key_split = false;  // MlaBf16KeySplitKernel (Q and P rounded to bf16)
-  bool reads_fp8 = false;  // the key-split kernel over the FP8 entries (kFp8)
+  bool reads_fp8 = false;  // the key-split or wgmma kernel over the FP8 entries (kFp8)
   bool wgmma = false;      // the 64-head wgmma kernel (LaunchMlaWgmma; Q and P rounded to bf16)
   int cluster = 0;         // the cluster merge: blocks per cluster (= splits), else 0
   int num_groups = 0;
@@ -262,11 +262,13 @@ bool KeySplitFits(const MlaAttentionParams& p, int max_smem) {
          kSplitSmemBytes <= static_cast<size_t>(max_smem);
 }
 
-// True when the 64-head wgmma kernel takes these params on `device`.
+// True when the 64-head wgmma kernel takes these params on `device`: a bf16 cache, or an FP8 one
+// whose rope key is 16-byte aligned in the entry.
 bool WgmmaFits(const MlaAttentionParams& p, int device) {
-  return IsBf16(p) && p.cache.latent_dim == kMlaWgmmaLatent && p.cache.rope_dim == kMlaWgmmaRope &&
+  return (IsBf16(p) || (IsFp8(p) && p.cache.fp8_rope_offset % 16 == 0)) &&
+         p.cache.latent_dim == kMlaWgmmaLatent && p.cache.rope_dim == kMlaWgmmaRope &&
          p.num_heads % kMlaWgmmaHeads == 0 &&
-         reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 && MlaWgmmaRuns(device);
+         reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 && MlaWgmmaRuns(device, IsFp8(p));
 }
 
 // The workspace of num_splits partials (none for one split).
@@ -295,6 +297,7 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
     // cover the SMs (rounding down, as below).
     plan->wgmma = true;
     plan->mma = true;
+    plan->reads_fp8 = IsFp8(p);
     plan->threads = 0;  // LaunchMlaWgmma's own
     plan->num_groups = p.num_heads / kMlaWgmmaHeads;
     plan->num_splits = p.num_splits;
@@ -379,7 +382,7 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
 const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
   GroupedPlan plan;
   if (PlanGrouped(params, &plan) != cudaSuccess) return "invalid";
-  if (plan.wgmma) return "wgmma_bf16_64_heads";
+  if (plan.wgmma) return plan.reads_fp8 ? "wgmma_fp8_64_heads" : "wgmma_bf16_64_heads";
   if (plan.reads_fp8) return plan.cluster > 0 ? "mma_fp8_key_split_cluster" : "mma_fp8_key_split";
   if (plan.cluster > 0) return "mma_bf16_key_split_cluster";
   if (plan.key_split) return "mma_bf16_key_split";
@@ -399,8 +402,9 @@ bool MlaAttentionReadsFp8Directly(const MlaAttentionParams& params) {
   MlaAttentionParams bf16 = params;
   bf16.cache.type = LatentCacheType::kBFloat16;
   GroupedPlan plan;
-  return PlanGrouped(bf16, &plan) == cudaSuccess && plan.key_split && !plan.wgmma &&
-         plan.num_splits == fp8.num_splits && plan.cluster == fp8.cluster;
+  return PlanGrouped(bf16, &plan) == cudaSuccess && plan.key_split == fp8.key_split &&
+         plan.wgmma == fp8.wgmma && plan.num_splits == fp8.num_splits &&
+         plan.cluster == fp8.cluster;
 }
 
 cudaError_t MlaAttentionWorkspaceBytes(const MlaAttentionParams& params, size_t* bytes) {

@@ -89,13 +89,13 @@ struct MlaAttentionParams {
   // CUDA-core kernel over FP8 entries.
   // 10: the 64-head wgmma kernel (Hopper sm_90a; mla_decode_wgmma.cu): one block of two
   // warpgroups per (token, context split, group of 64 heads), 64-key tiles, bf16 Q and P as 9;
-  // it takes num_heads a multiple of 64, latent 512 + rope 64, a 16-byte aligned bf16 cache, on
-  // a compute capability 9.0 device; other params given 10 (an FP8 cache among them) run the
-  // default's choice.
+  // it takes num_heads a multiple of 64, latent 512 + rope 64, a 16-byte aligned cache (bf16, or
+  // FP8 read as 9 reads it: the bits of 10 over the bf16 copy), on a compute capability 9.0
+  // device; other params given 10 run the default's choice.
   // 0 = the default: 10 where it takes the params and there are at least
   // kMlaWgmmaDefaultMinTokens tokens, else 9, else 4 for shapes 9 does not take
-  // (docs/kernels/attention.md; an FP8 cache: 9 where it takes the params, else the CUDA-core
-  // kernel). Tests and the benchmark set it.
+  // (docs/kernels/attention.md; an FP8 cache: the same choice, the CUDA-core kernel where 9
+  // and 10 do not take the params). Tests and the benchmark set it.
   int32_t mma_variant = 0;
 };
 
@@ -143,7 +143,8 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
 // aligned cache), "mma_bf16_key_split_cluster" (variant 9 with its cluster merge: 2-3 splits,
 // sm_90, a 16-byte aligned out_latent), "mma_fp8_key_split" and "mma_fp8_key_split_cluster"
 // (the same kernel over an FP8 cache's entries), "wgmma_bf16_64_heads" (variant 10's kernel: 64
-// heads a block, sm_90a), "grouped_bf16" (other bf16 shapes: CUDA cores, keys
+// heads a block, sm_90a), "wgmma_fp8_64_heads" (the same over FP8 entries), "grouped_bf16"
+// (other bf16 shapes: CUDA cores, keys
 // widened to fp32 in shared memory), "grouped_f32", or "invalid". For tests and the benchmark.
 const char* MlaAttentionKernelName(const MlaAttentionParams& params);
 
@@ -153,11 +154,11 @@ const char* MlaAttentionKernelName(const MlaAttentionParams& params);
 bool MlaAttentionBf16Operands(const MlaAttentionParams& params);
 
 // True when params' cache is FP8 and MlaAttentionF32 runs them on the kernel, split count and
-// merge it would run over a bf16 cache of the same shape (the key-split kernel, which reads FP8
-// entries itself): the output is then bit for bit that of the call over the bf16 copy of the
-// entries that GatherFp8LatentCacheBf16 writes (mla_fp8_gather.h), so a caller need not make the
-// copy. False where the bf16 cache would run another kernel (the 64-head wgmma kernel, variant
-// 4) or for invalid params.
+// merge it would run over a bf16 cache of the same shape (the key-split or 64-head wgmma kernel,
+// which read FP8 entries themselves): the output is then bit for bit that of the call over the
+// bf16 copy of the entries that GatherFp8LatentCacheBf16 writes (mla_fp8_gather.h), so a caller
+// need not make the copy. False where the bf16 cache would run another kernel (variant 4, other
+// shapes) or for invalid params.
 bool MlaAttentionReadsFp8Directly(const MlaAttentionParams& params);
 
 // Bytes of workspace MlaAttentionF32 needs for these params on the current device (0 when it

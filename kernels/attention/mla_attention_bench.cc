@@ -9,10 +9,10 @@
 // wgmma kernel (mma v10, "wg graph" in a CUDA graph) with the key-split kernel (mma v9); TFLOP/s
 // = 2 x the TFMA/s column. The "fp8 cache" cases (8, 64, 128 requests x 1024, 16 heads, and 128
 // x 1024 at 128 heads) time, each in a CUDA graph: the bf16 cache's default kernel, the same
-// calls over an FP8 cache (the key-split kernel reading the FP8 entries), and the pair an FP8
-// call runs when it reads a bf16 copy (GatherFp8LatentCacheBf16 of the tokens' rows, then the
-// default kernel over the copy); and check that the FP8 kernel's output is bit for bit the copy
-// pair's where both run the key-split kernel.
+// calls over an FP8 cache (that kernel reading the FP8 entries: key-split, or wgmma at 128
+// heads), and the pair an FP8 call ran before it read them (GatherFp8LatentCacheBf16 of the
+// tokens' rows, then the default kernel over the copy); and check that the direct call's output
+// is bit for bit the copy pair's.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

@@ -412,17 +412,18 @@ INSTANTIATE_TEST_SUITE_P(
 //
 // Decode tokens (one per sequence, seeing all of it) over an FP8 cache whose entries the host
 // quantised (QuantizeFp8LatentEntry), each token's latent at its own scale. The key-split kernel
-// (variants 0, 9 and 10, which runs the default's choice) reads the FP8 entries itself: its
-// output is bit for bit the same kernel's over a bf16 cache holding the host-dequantised values
-// (DequantizeFp8LatentEntry, then bf16 rounding: the values GatherFp8LatentCacheBf16 copies), and
-// within the bf16-operand bound (Bf16OperandsAtol) of CpuBackend::MlaAttention over Q rounded to
-// bf16. pow2_scales: each token's amax is 448 * 2^k, so its scale is 2^k and every dequantised
-// value is a bf16 value: the reference is the CPU over the FP8 cache itself (it dequantises the
-// entries on its own). Other scales: the fp32 products e4m3 * s carry more bits than bf16, and
-// those roundings move random scores by more than the bound, so the reference is the CPU over
-// the bf16 cache of rounded values (the bit-for-bit check above covers the conversion). Variant 4
-// runs the CUDA-core kernel over the FP8 entries (fp32 math, the CPU over the FP8 cache with the
-// fp32 tolerances).
+// (variant 9, and 0 / 10 where they run it) and the 64-head wgmma kernel (variant 10, and 0 from
+// 16 tokens, for 128 heads on compute capability 9.0) read the FP8 entries themselves: each
+// variant's output is bit for bit the same variant's over a bf16 cache holding the
+// host-dequantised values (DequantizeFp8LatentEntry, then bf16 rounding: the values
+// GatherFp8LatentCacheBf16 copies), on the corresponding kernel, and within the bf16-operand
+// bound (Bf16OperandsAtol) of CpuBackend::MlaAttention over Q rounded to bf16. pow2_scales: each
+// token's amax is 448 * 2^k, so its scale is 2^k and every dequantised value is a bf16 value: the
+// reference is the CPU over the FP8 cache itself (it dequantises the entries on its own). Other
+// scales: the fp32 products e4m3 * s carry more bits than bf16, and those roundings move random
+// scores by more than the bound, so the reference is the CPU over the bf16 cache of rounded values
+// (the bit-for-bit check above covers the conversion). Variant 4 runs the CUDA-core kernel over the
+// FP8 entries (fp32 math, the CPU over the FP8 cache with the fp32 tolerances).
 struct Fp8Case {
   std::string name;
   int32_t heads = 16;
@@ -566,30 +567,17 @@ TEST_P(MlaAttentionFp8CacheTest, KeySplitReadsTheFp8Entries) {
   kernels::MlaAttentionParams p16 = p;
   p16.cache = {dbf16.get(), bs, L, R, kernels::LatentCacheType::kBFloat16};
   p16.out_latent = dout16.get();
-  p16.mma_variant = 9;
-  int device = 0, cc_major = 0, cc_minor = 0;
-  DEEPINFER_CUDA_OK(cudaGetDevice(&device));
-  DEEPINFER_CUDA_OK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
-  DEEPINFER_CUDA_OK(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, device));
-  // The bf16 cache's default kernel is the key-split one except where the 64-head wgmma kernel
-  // takes it (from 16 tokens, multiples of 64 heads, compute capability 9.0): only then does a
-  // caller still need the bf16 copy.
-  const bool wgmma_default = s.heads % 64 == 0 && cc_major == 9 && cc_minor == 0 &&
-                             tokens >= kernels::kMlaWgmmaDefaultMinTokens;
-  EXPECT_EQ(kernels::MlaAttentionReadsFp8Directly(p), !wgmma_default);
+  // Every variant of the default's choice over the FP8 cache runs the kernel, split count and
+  // merge the bf16 cache runs: no caller needs the bf16 copy.
+  EXPECT_TRUE(kernels::MlaAttentionReadsFp8Directly(p));
   EXPECT_FALSE(kernels::MlaAttentionReadsFp8Directly(p16));
-  // The bf16 cache under variant 9: the kernel, split count and merge the FP8 runs take.
-  const std::string kernel16 = kernels::MlaAttentionKernelName(p16);
-  ASSERT_TRUE(kernel16 == "mma_bf16_key_split" || kernel16 == "mma_bf16_key_split_cluster")
-      << kernel16;
-  dout16.Poison();
-  DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p16, nullptr));
   std::vector<float> got16, got;
-  DEEPINFER_CUDA_OK(dout16.Download(&got16));
   for (int variant : {0, 9, 10, 4}) {
     SCOPED_TRACE(::testing::Message() << "mma_variant " << variant);
     p.mma_variant = variant;
+    p16.mma_variant = variant;
     const std::string kernel = kernels::MlaAttentionKernelName(p);
+    const std::string kernel16 = kernels::MlaAttentionKernelName(p16);
     dout.Poison();
     DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
     DEEPINFER_CUDA_OK(dout.Download(&got));
@@ -599,17 +587,28 @@ TEST_P(MlaAttentionFp8CacheTest, KeySplitReadsTheFp8Entries) {
       EXPECT_TRUE(AllClose(got, want_f32, kF32Atol * std::max(1.0, max_abs), kF32Rtol));
       continue;
     }
-    EXPECT_EQ(kernel,
-              kernel16 == "mma_bf16_key_split" ? "mma_fp8_key_split" : "mma_fp8_key_split_cluster");
+    // The bf16 cache's kernel under this variant, in its FP8 form.
+    EXPECT_EQ(kernel, kernel16 == "wgmma_bf16_64_heads"  ? "wgmma_fp8_64_heads"
+                      : kernel16 == "mma_bf16_key_split" ? "mma_fp8_key_split"
+                                                         : "mma_fp8_key_split_cluster")
+        << kernel16;
     EXPECT_TRUE(kernels::MlaAttentionBf16Operands(p));
+    dout16.Poison();
+    DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p16, nullptr));
+    DEEPINFER_CUDA_OK(dout16.Download(&got16));
     EXPECT_TRUE(testing::SameBits(got, got16, out_size));
     const ::testing::AssertionResult close = AllClose(got, want16, atol, kBf16Rtol);
     EXPECT_TRUE(close);
     std::cout << "[mla-attention-fp8] " << s.name << " " << kernel << " variant " << variant
               << " (atol " << atol << "): " << close.message() << "\n";
   }
-  // A caller's workspace (where the split count needs one).
+  // A caller's workspace (where the split count needs one); got16: variant 0's output over the
+  // bf16 cache.
   p.mma_variant = 0;
+  p16.mma_variant = 0;
+  dout16.Poison();
+  DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p16, nullptr));
+  DEEPINFER_CUDA_OK(dout16.Download(&got16));
   size_t bytes = 0;
   DEEPINFER_CUDA_OK(kernels::MlaAttentionWorkspaceBytes(p, &bytes));
   DeviceArray<float> ws(bytes / sizeof(float));
@@ -645,9 +644,16 @@ std::vector<Fp8Case> Fp8Cases() {
       {"128_tokens_ctx_1024_scales_any", 16, 16, std::vector<int32_t>(128, 1024), 0, false});
   // One split of 1025 blocks of 1 key: the block table read from global memory.
   c.push_back({"2_tokens_table_in_global_block_1", 16, 1, {5, 1025}, 1, false});
-  // 128 heads: the key-split kernel over FP8 entries (8 head groups); from 16 tokens a bf16
-  // cache would run the wgmma kernel instead.
+  // 128 heads: below 16 tokens the default runs the key-split kernel (8 head groups), from 16
+  // the 64-head wgmma kernel (compute capability 9.0), variant 10 always the wgmma one there:
+  // contexts of 1, within one 64-key tile and past several, and forced splits.
   c.push_back({"128_heads_3_tokens", 128, 16, {1, 37, 1025}});
+  c.push_back({"128_heads_3_tokens_split_5_block_64", 128, 64, {1, 64, 4100}, 5, false});
+  std::vector<int32_t> mixed128h;
+  for (int32_t i = 0; i < 128; ++i) mixed128h.push_back(1 + (i * 97) % 1100);
+  c.push_back({"128_heads_128_tokens_mixed", 128, 16, mixed128h});
+  c.push_back({"128_heads_128_tokens_ctx_1024_block_64_scales_any", 128, 64,
+               std::vector<int32_t>(128, 1024), 0, false});
   c.push_back({"128_heads_16_tokens_scales_any",
                128,
                16,

@@ -7,8 +7,6 @@
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <math.h>
 
 #include <cstdint>
@@ -161,19 +159,6 @@ __device__ __forceinline__ void LoadSplitTileFp8(const uint8_t* cache, const int
     }
   }
   CopyAsyncCommit();
-}
-
-// Four e4m3 codes (one word, lowest byte first) times the scale, each fp32 product rounded to
-// bf16 (nearest even): the values GatherFp8LatentCacheBf16 writes, as two bf16x2 words.
-__device__ __forceinline__ uint2 DequantFp8x4Bf16(uint32_t codes, float scale) {
-  const __half2 lo(
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xffffu), __NV_E4M3));
-  const __half2 hi(
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes >> 16), __NV_E4M3));
-  const float2 a = __half22float2(lo), b = __half22float2(hi);
-  return make_uint2(
-      Bf16x2Bits(__floats2bfloat162_rn(__fmul_rn(a.x, scale), __fmul_rn(a.y, scale))),
-      Bf16x2Bits(__floats2bfloat162_rn(__fmul_rn(b.x, scale), __fmul_rn(b.y, scale))));
 }
 
 // Converts this thread's part of an FP8 tile staged by LoadSplitTileFp8 (its copies have
