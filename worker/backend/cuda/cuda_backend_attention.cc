@@ -2,14 +2,14 @@
 // product in one launch at a decode token), MLA attention (the one-launch decode kernel, the
 // key-split decode kernels, the tensor-core prefill) and the non-absorbed MLA prefill. An FP8
 // latent cache (fp8_latent_entry.h) is written by its own quantising kernel. Decode attention over
-// it runs the key-split kernel on the FP8 entries wherever that is the kernel the bf16 cache
-// would run (kernels::MlaAttentionReadsFp8Directly: the same bits as over a bf16 copy). The other
-// calls (prefill, the one-token decode kernel, the 64-head wgmma kernel) first dequantise the
-// entries the call reads into a bf16 copy laid out as a bf16 paged cache
+// it runs the key-split or 64-head wgmma kernel on the FP8 entries wherever the bf16 cache would
+// run that kernel (kernels::MlaAttentionReadsFp8Directly: the same bits as over a bf16 copy). The
+// other calls (prefill, the one-token decode kernel) first dequantise the entries the call reads
+// into a bf16 copy laid out as a bf16 paged cache
 // (kernels::GatherFp8LatentCacheBf16, scratch reused across layers) and run the bf16 cache's
 // kernels on the copy; where the copy would exceed kFp8CopyMaxBytes, and in the batch-invariant
-// mode, MlaAttentionF32 reads the FP8 entries itself (the key-split kernel, or for shapes it does
-// not take the CUDA-core kernel).
+// mode, MlaAttentionF32 reads the FP8 entries itself (the key-split or wgmma kernel, or for shapes
+// they do not take the CUDA-core kernel).
 #include <algorithm>
 #include <cstdint>
 #include <memory>

@@ -3,8 +3,8 @@
 // the W_uk product (the same values within the rounding of one e4m3 step where the fp32 inputs
 // differ in the last bit), and MLA attention over the same FP8 entries, eager and replayed from
 // a recording, decode and prefill-sized spans, and the non-absorbed prefill. Decode tokens (2+)
-// run the key-split kernel on the FP8 entries (no "fp8-gather" phase in the op report); prefill
-// runs the bf16 cache's tensor-core kernels over a bf16 copy of the entries
+// run the key-split or 64-head wgmma kernel on the FP8 entries (no "fp8-gather" phase in the op
+// report); prefill and the one-token kernel run over a bf16 copy of the entries
 // (kernels::GatherFp8LatentCacheBf16, the "fp8-gather" phases). Either way decode gives the bits
 // of the bf16 cache holding the entries rounded to bf16, and every result is within the bf16
 // kernels' tolerances of the CPU over the FP8 entries.
@@ -334,17 +334,23 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
 
 // Decode tokens replayed from a recording whose block table is wider than the bf16 copy's cap
 // allows (kFp8CopyMaxBytes, 512 MiB: at 2^14 blocks of 16 a row the copy takes 288 MiB a token,
-// at 2^16 1.125 GiB). 16 heads, 2 tokens: the key-split kernel reads the FP8 entries whatever
-// the width (no copy), the bits of the same call over a bf16 cache of the rounded entries.
-// 128 heads, 16 tokens (where a bf16 cache runs the 64-head wgmma kernel on compute capability
-// 9.0, so the backend reads a copy): at 2^14 the tokens run one a chunk over the copy, at 2^16
-// MlaAttentionF32 reads the FP8 entries itself (the key-split kernel). Every result is within
-// the bf16-operand bound of the CPU over the rounded entries with Q rounded to bf16.
-TEST_F(CudaBackendFp8CacheTest, WideTablesReadTheFp8EntriesOrRunInChunks) {
+// at 2^16 1.125 GiB). 16 heads at 2 tokens (the key-split kernel) and 128 heads at 16 tokens
+// (the 64-head wgmma kernel on compute capability 9.0): the kernel reads the FP8 entries whatever
+// the width (no copy), the bits of the same call over a bf16 cache of the rounded entries. One
+// token at a short context (the one-token kernel's, which reads bf16 only): at 2^14 it runs on a
+// copy of its row (the bits of the bf16 cache's call), at 2^16 the copy would not fit and
+// MlaAttentionF32 reads the FP8 entries (the key-split kernel). Every result is within the
+// bf16-operand bound of the CPU over the rounded entries with Q rounded to bf16.
+TEST_F(CudaBackendFp8CacheTest, WideTablesReadTheFp8EntriesOrCopyOneTokenRows) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const int32_t used_blocks = 19;
-  for (const auto& [heads, seqs] : {std::pair<int32_t, int32_t>{16, 2}, {128, 16}}) {
+  struct Shape {
+    int32_t heads, seqs;
+    bool short_hint;  // max_context_hint 300: the one-token kernel's range
+  };
+  for (const Shape& shape : {Shape{16, 2, false}, Shape{128, 16, false}, Shape{16, 1, true}}) {
+    const int32_t heads = shape.heads, seqs = shape.seqs;
     SCOPED_TRACE(::testing::Message() << heads << " heads, " << seqs << " tokens");
     std::vector<int32_t> lens;
     for (int32_t s = 0; s < seqs; ++s) lens.push_back(s == 0 ? 300 : 1 + (s * 45) % 300);
@@ -399,7 +405,7 @@ TEST_F(CudaBackendFp8CacheTest, WideTablesReadTheFp8EntriesOrRunInChunks) {
       g.token_seq = dseq->as<int32_t>();
       g.context_len = dctx->as<int32_t>();
       g.softmax_scale = 0.0721f;
-      g.max_context_hint = width * kBlock;
+      g.max_context_hint = shape.short_hint ? 300 : width * kBlock;
       MlaAttentionArgs g16 = g;
       g16.cache = {drounded->data(), kBlock, kLatent, kRope, WeightDType::kBFloat16};
       g.out_latent = out->as<float>();
@@ -431,10 +437,26 @@ TEST_F(CudaBackendFp8CacheTest, WideTablesReadTheFp8EntriesOrRunInChunks) {
       a.out_latent = want.data();
       cpu_.MlaAttention(a);
       const double atol = max_latent / 512.0 + 1e-4;
-      EXPECT_TRUE(AllClose(got, want, atol, 5e-4));
-      EXPECT_TRUE(AllClose(got16, want, atol, 5e-4));
-      if (heads == 16) {
+      if (!shape.short_hint) {
+        EXPECT_TRUE(AllClose(got, want, atol, 5e-4));
+        EXPECT_TRUE(AllClose(got16, want, atol, 5e-4));
         EXPECT_TRUE(testing::SameBits(got, got16, out_size));
+        continue;
+      }
+      // One token: the bf16 cache's call runs the one-token kernel (fp32 math on Q itself:
+      // within fp32 tolerances of the CPU over unrounded Q), or on a device without it the
+      // key-split kernel (the bound above); the FP8 call the same over its row's copy (2^14),
+      // or the key-split kernel over the FP8 entries (2^16).
+      std::vector<float> want_f32(out_size);
+      a.q_latent = q_latent.data();
+      a.q_rope = q_rope.data();
+      a.out_latent = want_f32.data();
+      cpu_.MlaAttention(a);
+      EXPECT_TRUE(AllClose(got16, want_f32, 1e-4, 1e-4) || AllClose(got16, want, atol, 5e-4));
+      if (width == (1 << 14)) {
+        EXPECT_TRUE(testing::SameBits(got, got16, out_size));
+      } else {
+        EXPECT_TRUE(AllClose(got, want, atol, 5e-4));
       }
     }
   }
