@@ -11,7 +11,10 @@
 // 10, the default from 16 tokens for multiples of 64 heads on compute capability 9.0) the same
 // way, every variant of each case, at 64 and 128 heads: 1, 3, 64 and 128 decode tokens, contexts
 // of 1, 17, 64, 1000, 1024 and 4100 keys, blocks of 16 and 64 keys, automatic and forced split
-// counts (Wgmma64Heads cases).
+// counts (Wgmma64Heads cases). An FP8 cache (Fp8 cases): the key-split and wgmma kernels over
+// host-quantised entries, bit for bit against the same variant over a bf16 cache of the
+// host-dequantised values and against the CPU over the FP8 cache, at 16 heads (2, 8, 64, 128
+// tokens) and 128 heads (3, 16, 128 tokens).
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
@@ -437,7 +440,7 @@ void PrintTo(const Fp8Case& c, std::ostream* os) { *os << c.name; }
 
 class MlaAttentionFp8CacheTest : public ::testing::TestWithParam<Fp8Case> {};
 
-TEST_P(MlaAttentionFp8CacheTest, KeySplitReadsTheFp8Entries) {
+TEST_P(MlaAttentionFp8CacheTest, TensorCoreKernelsReadTheFp8Entries) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const Fp8Case s = GetParam();
   constexpr int32_t L = 512, R = 64, E = L + R;
