@@ -58,8 +58,8 @@ kernels::PagedLatentCache KernelCache(const PagedLatentCacheView& v) {
 }
 
 // The most bytes a bf16 copy of an FP8 cache's entries (and its block table) may take for one
-// attention call; a call that needs more reads the FP8 entries with the CUDA-core kernel
-// (a decode call without spans runs its tokens in chunks that fit first).
+// attention call; a call that needs more reads the FP8 entries with MlaAttentionF32 (a decode
+// call without spans runs its tokens in chunks that fit first).
 constexpr size_t kFp8CopyMaxBytes = static_cast<size_t>(kFp8CacheCopyMaxBytes);
 
 size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
