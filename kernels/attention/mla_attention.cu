@@ -30,11 +30,14 @@
 // MlaCombineKernel (fewer than 8 splits) or MlaCombineWideKernel merges them (FlashDecoding).
 // All accumulation is fp32.
 //
-// With an FP8 cache the same kernel dequantises each key to fp32 in shared memory (codes times
-// the entry's scale, the bf16 rope key widened) with plain loads: the entry is 656 bytes for
-// DeepSeek-V3 against 1152 in bf16, so a chunk moves fewer bytes, but the math is the fp32
-// kernel's. (The CUDA backend runs the tensor-core kernels over an FP8 cache by dequantising the
-// entries into a bf16 copy first, mla_fp8_gather.h; this kernel is its fallback.)
+// With an FP8 cache, DeepSeek's latent 512 + rope 64 goes to the key-split kernel or the 64-head
+// wgmma kernel, chosen as for a bf16 cache; both stage each tile's FP8 entries (656 bytes a key
+// against 1152 in bf16) and convert them into the bf16 values of mla_fp8_gather.h's copy in
+// shared memory: the output is bit for bit the kernel's over that copy. Other shapes and variants
+// run this CUDA-core kernel, which dequantises each key to fp32 in shared memory (codes times the
+// entry's scale, the bf16 rope key widened) with plain loads: the fp32 kernel's math. (The CUDA
+// backend runs the other tensor-core kernels over an FP8 cache by dequantising the entries into a
+// bf16 copy first, mla_fp8_gather.h.)
 //
 // With a bf16 cache the same kernel widens each key to fp32 in shared memory (any shape), but
 // DeepSeek's latent 512 + rope 64 goes to MlaBf16KeySplitKernel (FlashMLA's work split: each
@@ -150,11 +153,12 @@ cudaError_t BlocksPerSm(GroupedKernelFn kernel, int device, int threads, size_t 
   return e;
 }
 
-// True when the tensor-core kernel takes these params: bf16 cache, shape within its register
-// budget, and the kernel compiled for sm_80+ (its mma / ldmatrix code is absent from PTX JIT-
-// compiled for an older virtual architecture).
-bool UseMma(const MlaAttentionParams& p, GroupedKernelFn kernel, int device) {
-  if (!IsBf16(p) || p.cache.latent_dim > kMmaMaxLatent ||
+// True when the tensor-core kernel takes these params: bf16 cache (or an FP8 one, for a kernel
+// that reads FP8 entries: reads_fp8), shape within its register budget, and the kernel compiled
+// for sm_80+ (its mma / ldmatrix code is absent from PTX JIT-compiled for an older virtual
+// architecture).
+bool UseMma(const MlaAttentionParams& p, GroupedKernelFn kernel, int device, bool reads_fp8) {
+  if (!(IsBf16(p) || (reads_fp8 && IsFp8(p))) || p.cache.latent_dim > kMmaMaxLatent ||
       (p.cache.latent_dim + p.cache.rope_dim + 15) / 16 * 16 > kMmaMaxDim) {
     return false;
   }
@@ -168,6 +172,7 @@ struct GroupedPlan {
   size_t smem = 0;
   bool mma = false;
   bool key_split = false;  // MlaBf16KeySplitKernel (Q and P rounded to bf16)
+  bool reads_fp8 = false;  // the key-split or wgmma kernel over the FP8 entries (kFp8)
   bool wgmma = false;      // the 64-head wgmma kernel (LaunchMlaWgmma; Q and P rounded to bf16)
   int cluster = 0;         // the cluster merge: blocks per cluster (= splits), else 0
   int num_groups = 0;
@@ -186,16 +191,24 @@ static_assert(MlaMmaVariantIsValid(kMmaVariant) && MlaMmaVariantIsValid(kKeySpli
                   MlaMmaVariantIsValid(kWgmmaVariant),
               "mla_attention.h lists the variants");
 
-constexpr GroupedKernelFn kKeySplitKernel = MlaBf16KeySplitKernel<false>;
-constexpr GroupedKernelFn kClusterMergeKernel = MlaBf16KeySplitKernel<true>;
+// The key-split kernel and its cluster-merge form, over a bf16 cache or the FP8 entries.
+GroupedKernelFn KeySplitKernel(bool fp8) {
+  return fp8 ? MlaBf16KeySplitKernel<false, true> : MlaBf16KeySplitKernel<false, false>;
+}
+GroupedKernelFn ClusterMergeKernel(bool fp8) {
+  return fp8 ? MlaBf16KeySplitKernel<true, true> : MlaBf16KeySplitKernel<true, false>;
+}
 
-// Whether the cluster kernel runs clusters of `splits` blocks on this device (sm_90
-// code, cluster launch, at least one such cluster schedulable); once per (splits, device).
-cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
+// Whether the cluster kernel (over FP8 entries: fp8) runs clusters of `splits` blocks on this
+// device (sm_90 code, cluster launch, at least one such cluster schedulable); once per (splits,
+// device, fp8).
+cudaError_t ClusterMergeRuns(int splits, int device, bool fp8, bool* out) {
   static std::mutex mu;
-  static std::map<std::pair<int, int>, bool>* cache = new std::map<std::pair<int, int>, bool>();
+  static std::map<std::tuple<int, int, bool>, bool>* cache =
+      new std::map<std::tuple<int, int, bool>, bool>();
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(splits, device);
+  const GroupedKernelFn kernel = ClusterMergeKernel(fp8);
+  const auto key = std::make_tuple(splits, device, fp8);
   auto it = cache->find(key);
   if (it != cache->end()) {
     *out = it->second;
@@ -203,7 +216,7 @@ cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
   }
   const size_t smem = kSplitSmemBytes;
   const KernelFacts k =
-      KernelFactsFor(reinterpret_cast<const void*>(kClusterMergeKernel), device, kAllSharedMemory);
+      KernelFactsFor(reinterpret_cast<const void*>(kernel), device, kAllSharedMemory);
   if (k.error != cudaSuccess) return k.error;
   int cluster_launch = 0;
   cudaError_t e = cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device);
@@ -222,7 +235,7 @@ cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
     c.attrs = &attr;
     c.numAttrs = 1;
     int n = 0;
-    e = cudaOccupancyMaxActiveClusters(&n, kClusterMergeKernel, &c);
+    e = cudaOccupancyMaxActiveClusters(&n, kernel, &c);
     if (e != cudaSuccess) {
       cudaGetLastError();
       n = 0;  // cannot schedule it: the workspace and the combine instead
@@ -239,18 +252,23 @@ cudaError_t ClusterMergeRuns(int splits, int device, bool* out) {
 constexpr int kDefaultMmaVariant = kKeySplitVariant;
 
 // True when the key-split kernel takes these params (given the device's shared-memory limit):
-// bf16 cache of latent 512 + rope 64, 16-byte aligned (whole-row cp.async copies).
+// latent 512 + rope 64, a bf16 cache or an FP8 one whose rope key is 16-byte aligned in the entry
+// (PlanGrouped has checked Fp8LatentCacheLayoutValid: entries of whole 16-byte pieces), 16-byte
+// aligned (whole-piece cp.async copies).
 bool KeySplitFits(const MlaAttentionParams& p, int max_smem) {
-  return IsBf16(p) && p.cache.latent_dim == kSplitLatent && p.cache.rope_dim == kSplitRope &&
+  return (IsBf16(p) || (IsFp8(p) && p.cache.fp8_rope_offset % 16 == 0)) &&
+         p.cache.latent_dim == kSplitLatent && p.cache.rope_dim == kSplitRope &&
          reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 &&
          kSplitSmemBytes <= static_cast<size_t>(max_smem);
 }
 
-// True when the 64-head wgmma kernel takes these params on `device`.
+// True when the 64-head wgmma kernel takes these params on `device`: a bf16 cache, or an FP8 one
+// whose rope key is 16-byte aligned in the entry.
 bool WgmmaFits(const MlaAttentionParams& p, int device) {
-  return IsBf16(p) && p.cache.latent_dim == kMlaWgmmaLatent && p.cache.rope_dim == kMlaWgmmaRope &&
+  return (IsBf16(p) || (IsFp8(p) && p.cache.fp8_rope_offset % 16 == 0)) &&
+         p.cache.latent_dim == kMlaWgmmaLatent && p.cache.rope_dim == kMlaWgmmaRope &&
          p.num_heads % kMlaWgmmaHeads == 0 &&
-         reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 && MlaWgmmaRuns(device);
+         reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 && MlaWgmmaRuns(device, IsFp8(p));
 }
 
 // The workspace of num_splits partials (none for one split).
@@ -279,6 +297,7 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
     // cover the SMs (rounding down, as below).
     plan->wgmma = true;
     plan->mma = true;
+    plan->reads_fp8 = IsFp8(p);
     plan->threads = 0;  // LaunchMlaWgmma's own
     plan->num_groups = p.num_heads / kMlaWgmmaHeads;
     plan->num_splits = p.num_splits;
@@ -298,7 +317,8 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   int variant = p.mma_variant == 0 || p.mma_variant == kWgmmaVariant ? kDefaultMmaVariant
                                                                       : p.mma_variant;
   const bool key_split = variant == kKeySplitVariant;
-  GroupedKernelFn mma_kernel = key_split ? kKeySplitKernel : MmaKernelFor(p.cache.latent_dim);
+  GroupedKernelFn mma_kernel =
+      key_split ? KeySplitKernel(IsFp8(p)) : MmaKernelFor(p.cache.latent_dim);
   if (key_split) {
     // Shapes (or devices) the key-split kernel does not take run variant 4.
     KernelFacts facts;
@@ -309,8 +329,9 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
       mma_kernel = MmaKernelFor(p.cache.latent_dim);
     }
   }
-  plan->mma = UseMma(p, mma_kernel, device);
+  plan->mma = UseMma(p, mma_kernel, device, /*reads_fp8=*/variant == kKeySplitVariant);
   plan->key_split = plan->mma && variant == kKeySplitVariant;
+  plan->reads_fp8 = plan->key_split && IsFp8(p);
   if (plan->mma) {
     plan->kernel = mma_kernel;
     plan->threads = kMmaThreads;
@@ -343,10 +364,10 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (plan->key_split && plan->num_splits >= 2 && plan->num_splits <= kMlaClusterMergeMaxSplits &&
       reinterpret_cast<uintptr_t>(p.out_latent) % 16 == 0) {
     bool runs = false;
-    e = ClusterMergeRuns(plan->num_splits, device, &runs);
+    e = ClusterMergeRuns(plan->num_splits, device, plan->reads_fp8, &runs);
     if (e != cudaSuccess) return e;
     if (runs) {
-      plan->kernel = kClusterMergeKernel;
+      plan->kernel = ClusterMergeKernel(plan->reads_fp8);
       plan->cluster = plan->num_splits;
       plan->workspace_bytes = 0;
       return cudaSuccess;
@@ -361,7 +382,8 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
 const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
   GroupedPlan plan;
   if (PlanGrouped(params, &plan) != cudaSuccess) return "invalid";
-  if (plan.wgmma) return "wgmma_bf16_64_heads";
+  if (plan.wgmma) return plan.reads_fp8 ? "wgmma_fp8_64_heads" : "wgmma_bf16_64_heads";
+  if (plan.reads_fp8) return plan.cluster > 0 ? "mma_fp8_key_split_cluster" : "mma_fp8_key_split";
   if (plan.cluster > 0) return "mma_bf16_key_split_cluster";
   if (plan.key_split) return "mma_bf16_key_split";
   if (plan.mma) return "mma_bf16";
@@ -371,6 +393,18 @@ const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
 bool MlaAttentionBf16Operands(const MlaAttentionParams& params) {
   GroupedPlan plan;
   return PlanGrouped(params, &plan) == cudaSuccess && (plan.key_split || plan.wgmma);
+}
+
+bool MlaAttentionReadsFp8Directly(const MlaAttentionParams& params) {
+  if (!IsFp8(params)) return false;
+  GroupedPlan fp8;
+  if (PlanGrouped(params, &fp8) != cudaSuccess || !fp8.reads_fp8) return false;
+  MlaAttentionParams bf16 = params;
+  bf16.cache.type = LatentCacheType::kBFloat16;
+  GroupedPlan plan;
+  return PlanGrouped(bf16, &plan) == cudaSuccess && plan.key_split == fp8.key_split &&
+         plan.wgmma == fp8.wgmma && plan.num_splits == fp8.num_splits &&
+         plan.cluster == fp8.cluster;
 }
 
 cudaError_t MlaAttentionWorkspaceBytes(const MlaAttentionParams& params, size_t* bytes) {

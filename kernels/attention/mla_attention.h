@@ -3,8 +3,8 @@
 // GPU counterparts of Backend::WriteLatentCache and Backend::MlaAttention. Prefill and decode
 // tokens go through the same kernel (each query token carries its own sequence and causal context
 // length). MlaAttentionF32 reads each cached key once per (token, group of 16 heads) and splits
-// long contexts over several blocks (split-K); with a bf16 cache it runs both products on
-// tensor cores (see mla_attention.cu).
+// long contexts over several blocks (split-K); with a bf16 cache (and for DeepSeek's shape an
+// FP8 one) it runs both products on tensor cores (see mla_attention.cu).
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_ATTENTION_H_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_ATTENTION_H_
 
@@ -83,13 +83,19 @@ struct MlaAttentionParams {
   // (token, head group) run as one thread-block cluster that merges in distributed shared memory
   // (no workspace, no combine kernel; other split counts, or a device without clusters, write
   // the workspace); 9 takes latent 512 + rope 64 only, other shapes run 4; mla_attention.cu.
+  // Over an FP8 cache (rope key 16-byte aligned in the entry) 9 stages the FP8 entries and
+  // converts them in shared memory into bf16(e4m3(q_i) * s), the bf16 rope key as it is: the
+  // bits of 9 over mla_fp8_gather.h's bf16 copy; 4 and the shapes 9 does not take run the
+  // CUDA-core kernel over FP8 entries.
   // 10: the 64-head wgmma kernel (Hopper sm_90a; mla_decode_wgmma.cu): one block of two
   // warpgroups per (token, context split, group of 64 heads), 64-key tiles, bf16 Q and P as 9;
-  // it takes num_heads a multiple of 64, latent 512 + rope 64, a 16-byte aligned cache, on a
-  // compute capability 9.0 device; other params given 10 run the default's choice.
+  // it takes num_heads a multiple of 64, latent 512 + rope 64, a 16-byte aligned cache (bf16, or
+  // FP8 read as 9 reads it: the bits of 10 over the bf16 copy), on a compute capability 9.0
+  // device; other params given 10 run the default's choice.
   // 0 = the default: 10 where it takes the params and there are at least
   // kMlaWgmmaDefaultMinTokens tokens, else 9, else 4 for shapes 9 does not take
-  // (docs/kernels/attention.md). Tests and the benchmark set it.
+  // (docs/kernels/attention.md; an FP8 cache: the same choice, the CUDA-core kernel where 9
+  // and 10 do not take the params). Tests and the benchmark set it.
   int32_t mma_variant = 0;
 };
 
@@ -135,8 +141,10 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
 // cache, latent_dim <= 512, latent_dim + rope_dim <= 640, a GPU with bf16 tensor cores),
 // "mma_bf16_key_split" (the same, variant 9's kernel: latent 512 + rope 64, a 16-byte
 // aligned cache), "mma_bf16_key_split_cluster" (variant 9 with its cluster merge: 2-3 splits,
-// sm_90, a 16-byte aligned out_latent), "wgmma_bf16_64_heads" (variant 10's kernel: 64 heads a
-// block, sm_90a), "grouped_bf16" (other bf16 shapes: CUDA cores, keys
+// sm_90, a 16-byte aligned out_latent), "mma_fp8_key_split" and "mma_fp8_key_split_cluster"
+// (the same kernel over an FP8 cache's entries), "wgmma_bf16_64_heads" (variant 10's kernel: 64
+// heads a block, sm_90a), "wgmma_fp8_64_heads" (the same over FP8 entries), "grouped_bf16"
+// (other bf16 shapes: CUDA cores, keys
 // widened to fp32 in shared memory), "grouped_f32", or "invalid". For tests and the benchmark.
 const char* MlaAttentionKernelName(const MlaAttentionParams& params);
 
@@ -144,6 +152,14 @@ const char* MlaAttentionKernelName(const MlaAttentionParams& params);
 // key-split kernel or variant 10's wgmma kernel; false for invalid params): its results then match a reference over Q
 // rounded to bf16 to within P's rounding, 2^-9 * max |latent| per output element (tests).
 bool MlaAttentionBf16Operands(const MlaAttentionParams& params);
+
+// True when params' cache is FP8 and MlaAttentionF32 runs them on the kernel, split count and
+// merge it would run over a bf16 cache of the same shape (the key-split or 64-head wgmma kernel,
+// which read FP8 entries themselves): the output is then bit for bit that of the call over the
+// bf16 copy of the entries that GatherFp8LatentCacheBf16 writes (mla_fp8_gather.h), so a caller
+// need not make the copy. False where the bf16 cache would run another kernel (variant 4, other
+// shapes) or for invalid params.
+bool MlaAttentionReadsFp8Directly(const MlaAttentionParams& params);
 
 // Bytes of workspace MlaAttentionF32 needs for these params on the current device (0 when it
 // runs without splitting). Reads the device's SM count when params.num_splits is 0.

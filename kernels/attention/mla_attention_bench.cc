@@ -7,7 +7,12 @@
 // FMA rate, and the largest differences between the kernels' outputs. Decode cases also sweep
 // forced split counts. DeepSeek-V3's 128 heads (1, 64 and 128 requests x 1024) compare the 64-head
 // wgmma kernel (mma v10, "wg graph" in a CUDA graph) with the key-split kernel (mma v9); TFLOP/s
-// = 2 x the TFMA/s column.
+// = 2 x the TFMA/s column. The "fp8 cache" cases (8, 64, 128 requests x 1024, 16 heads, and 128
+// x 1024 at 128 heads) time, each in a CUDA graph: the bf16 cache's default kernel, the same
+// calls over an FP8 cache (that kernel reading the FP8 entries: key-split, or wgmma at 128
+// heads), and the pair an FP8 call ran before it read them (GatherFp8LatentCacheBf16 of the
+// tokens' rows, then the default kernel over the copy); and check that the direct call's output
+// is bit for bit the copy pair's.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -21,7 +26,9 @@
 #include <vector>
 
 #include "kernels/attention/mla_attention.h"
+#include "kernels/attention/mla_fp8_gather.h"
 #include "kernels/testing/bench_util.h"
+#include "worker/backend/fp8_latent_entry.h"
 
 namespace deepinfer {
 namespace {
@@ -267,6 +274,172 @@ void Run(const Batch& batch) {
   }
 }
 
+// The mean time per call of kGraphCalls calls of fn (launches on the stream) captured into one
+// CUDA graph, the graph replayed kGraphReplays times after a warm-up.
+template <typename Fn>
+double GraphMs(cudaStream_t stream, Fn&& fn) {
+  constexpr int kGraphCalls = 10, kGraphReplays = 5;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kGraphCalls; ++i) BENCH_CUDA(fn());
+  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  BENCH_CUDA(cudaEventRecord(e0, stream));
+  for (int r = 0; r < kGraphReplays; ++r) BENCH_CUDA(cudaGraphLaunch(exec, stream));
+  BENCH_CUDA(cudaEventRecord(e1, stream));
+  BENCH_CUDA(cudaEventSynchronize(e1));
+  float total = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&total, e0, e1));
+  BENCH_CUDA(cudaEventDestroy(e0));
+  BENCH_CUDA(cudaEventDestroy(e1));
+  BENCH_CUDA(cudaGraphExecDestroy(exec));
+  BENCH_CUDA(cudaGraphDestroy(graph));
+  return total / (kGraphCalls * kGraphReplays);
+}
+
+// Decode over an FP8 cache against the bf16 cache: one token per sequence seeing its whole
+// context, the entries written from the same fp32 values by WriteLatentCacheF32 into both
+// caches (the FP8 one quantised per token), the tables interleaved as in Run.
+void RunFp8(const Batch& batch) {
+  const int64_t entry = kLatent + kRope;
+  const Fp8LatentEntryLayout layout = Fp8LatentLayout(kLatent, kRope);
+  const int32_t blocks_per_seq = (batch.context + kBlockSize - 1) / kBlockSize;
+  const int64_t num_blocks = static_cast<int64_t>(batch.seqs) * blocks_per_seq;
+  const int64_t slots = num_blocks * kBlockSize;
+  std::vector<int32_t> tables(num_blocks), slot(slots), token_seq, context_len;
+  for (int32_t s = 0; s < batch.seqs; ++s) {
+    for (int32_t b = 0; b < blocks_per_seq; ++b)
+      tables[s * blocks_per_seq + b] = b * batch.seqs + s;
+    token_seq.push_back(s);
+    context_len.push_back(batch.context);
+  }
+  for (int64_t i = 0; i < slots; ++i) slot[i] = static_cast<int32_t>(i);
+  const int32_t tokens = batch.seqs;
+  float* kv = Upload(Uniform(static_cast<size_t>(slots) * entry, 1));
+  int32_t* d_slot = Upload(slot);
+  uint16_t* cache16 = bench::DeviceAlloc<uint16_t>(static_cast<size_t>(slots) * entry * 2);
+  uint8_t* cache8 = bench::DeviceAlloc<uint8_t>(static_cast<size_t>(slots) * layout.bytes);
+  const kernels::PagedLatentCache c16{cache16, kBlockSize, kLatent, kRope,
+                                      kernels::LatentCacheType::kBFloat16};
+  const kernels::PagedLatentCache c8{cache8,
+                                     kBlockSize,
+                                     kLatent,
+                                     kRope,
+                                     kernels::LatentCacheType::kFp8E4M3,
+                                     static_cast<int32_t>(layout.rope_offset),
+                                     static_cast<int32_t>(layout.scale_offset),
+                                     static_cast<int32_t>(layout.bytes)};
+  BENCH_CUDA(
+      kernels::WriteLatentCacheF32(slots, kv, entry, kv + kLatent, entry, d_slot, c16, nullptr));
+  BENCH_CUDA(
+      kernels::WriteLatentCacheF32(slots, kv, entry, kv + kLatent, entry, d_slot, c8, nullptr));
+  float* q_latent = Upload(Uniform(static_cast<size_t>(tokens) * batch.heads * kLatent, 2));
+  float* q_rope = Upload(Uniform(static_cast<size_t>(tokens) * batch.heads * kRope, 3));
+  int32_t* d_tables = Upload(tables);
+  int32_t* d_seq = Upload(token_seq);
+  int32_t* d_len = Upload(context_len);
+  const size_t out_elems = static_cast<size_t>(tokens) * batch.heads * kLatent;
+  float* out8 = bench::DeviceAlloc<float>(out_elems * sizeof(float));
+  float* out_copy = bench::DeviceAlloc<float>(out_elems * sizeof(float));
+  // The copy as the backend's decode step makes it (token rows: token t's row at blocks
+  // t * width ...).
+  uint16_t* copy = bench::DeviceAlloc<uint16_t>(kernels::Fp8GatherDstBytes(num_blocks, c8));
+  int32_t* copy_tables = bench::DeviceAlloc<int32_t>(num_blocks * sizeof(int32_t));
+  int32_t* copy_seq = bench::DeviceAlloc<int32_t>(tokens * sizeof(int32_t));
+
+  kernels::MlaAttentionParams p;
+  p.num_tokens = tokens;
+  p.num_heads = batch.heads;
+  p.q_latent = q_latent;
+  p.q_rope = q_rope;
+  p.q_rope_token_stride = int64_t{batch.heads} * kRope;
+  p.q_rope_head_stride = kRope;
+  p.block_tables = d_tables;
+  p.max_blocks_per_seq = blocks_per_seq;
+  p.token_seq = d_seq;
+  p.context_len = d_len;
+  p.softmax_scale = 1.0f / std::sqrt(192.0f);
+  kernels::MlaAttentionParams p16 = p, p8 = p, pc = p;
+  p16.cache = c16;
+  p16.out_latent = out_copy;
+  p8.cache = c8;
+  p8.out_latent = out8;
+  pc.cache = c16;
+  pc.cache.cache = copy;
+  pc.block_tables = copy_tables;
+  pc.token_seq = copy_seq;
+  pc.out_latent = out_copy;
+  kernels::Fp8GatherParams g;
+  g.src = c8;
+  g.block_tables = d_tables;
+  g.max_blocks_per_seq = blocks_per_seq;
+  g.token_seq = d_seq;
+  g.context_len = d_len;
+  g.token_seq_out = copy_seq;
+  g.num_rows = tokens;
+  g.dst = copy;
+  g.dst_blocks = num_blocks;
+  g.dst_tables = copy_tables;
+  g.table_width = blocks_per_seq;
+  size_t ws_bytes = 0, ws8 = 0;
+  BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(p16, &ws_bytes));
+  BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(p8, &ws8));
+  ws_bytes = std::max(ws_bytes, ws8);
+  void* ws = bench::DeviceAlloc<uint8_t>(std::max<size_t>(ws_bytes, 1));
+  for (kernels::MlaAttentionParams* q : {&p16, &p8, &pc}) {
+    q->workspace = ws;
+    q->workspace_bytes = ws_bytes;
+  }
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const double bytes16 = static_cast<double>(tokens) * batch.context * entry * 2;
+  const double bytes8 = static_cast<double>(tokens) * batch.context * layout.bytes;
+  auto line = [&](const char* what, const std::string& kernel, double bytes, double ms) {
+    std::printf("%-26s fp8 cache: %-18s %-28s %9.4f ms %7.1f GB/s of entries\n", batch.name, what,
+                kernel.c_str(), ms, bytes / (ms * 1e-3) / 1e9);
+  };
+  const double ms16 = GraphMs(stream, [&] { return kernels::MlaAttentionF32(p16, stream); });
+  line("bf16 cache", kernels::MlaAttentionKernelName(p16), bytes16, ms16);
+  const double ms8 = GraphMs(stream, [&] { return kernels::MlaAttentionF32(p8, stream); });
+  line("fp8 direct", kernels::MlaAttentionKernelName(p8), bytes8, ms8);
+  const double ms_gather =
+      GraphMs(stream, [&] { return kernels::GatherFp8LatentCacheBf16(g, stream); });
+  line("gather only", "GatherFp8LatentCacheBf16", bytes8 + bytes16, ms_gather);
+  const double ms_pair = GraphMs(stream, [&] {
+    const cudaError_t e = kernels::GatherFp8LatentCacheBf16(g, stream);
+    return e != cudaSuccess ? e : kernels::MlaAttentionF32(pc, stream);
+  });
+  line("gather + bf16", std::string("gather + ") + kernels::MlaAttentionKernelName(pc), bytes8,
+       ms_pair);
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  std::vector<float> a(out_elems), b(out_elems);
+  BENCH_CUDA(cudaMemcpy(a.data(), out8, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+  BENCH_CUDA(cudaMemcpy(b.data(), out_copy, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+  size_t differ = 0;
+  for (size_t i = 0; i < out_elems; ++i) differ += std::memcmp(&a[i], &b[i], 4) != 0;
+  std::printf(
+      "%-26s fp8 cache: direct %.2fx the gather + bf16 pair, %.2fx the bf16 cache; "
+      "outputs differing from the pair's: %zu of %zu%s\n",
+      batch.name, ms_pair / ms8, ms16 / ms8, differ, out_elems,
+      kernels::MlaAttentionReadsFp8Directly(p8) ? " (same kernel: expect 0)"
+                                                : " (other kernels: not bit-equal)");
+  std::fflush(stdout);
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  for (void* ptr :
+       {static_cast<void*>(kv), static_cast<void*>(d_slot), static_cast<void*>(cache16),
+        static_cast<void*>(cache8), static_cast<void*>(q_latent), static_cast<void*>(q_rope),
+        static_cast<void*>(d_tables), static_cast<void*>(d_seq), static_cast<void*>(d_len),
+        static_cast<void*>(out8), static_cast<void*>(out_copy), static_cast<void*>(copy),
+        static_cast<void*>(copy_tables), static_cast<void*>(copy_seq), ws}) {
+    BENCH_CUDA(cudaFree(ptr));
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer
 
@@ -300,6 +473,16 @@ int main(int argc, char** argv) {
        }) {
     if (std::string(b.name).find(only) == std::string::npos) continue;
     deepinfer::Run(b);
+  }
+  // "fp8" selects these alone.
+  for (const deepinfer::Batch& b : {
+           deepinfer::Batch{"fp8 decode 8 x ctx1024 h16", 8, 1024, 16, false},
+           deepinfer::Batch{"fp8 decode 64 x ctx1024 h16", 64, 1024, 16, false},
+           deepinfer::Batch{"fp8 decode 128 x ctx1024 h16", 128, 1024, 16, false},
+           deepinfer::Batch{"fp8 decode 128 x ctx1024 h128", 128, 1024, 128, false},
+       }) {
+    if (std::string(b.name).find(only) == std::string::npos) continue;
+    deepinfer::RunFp8(b);
   }
   return 0;
 }

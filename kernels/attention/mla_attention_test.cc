@@ -11,7 +11,10 @@
 // 10, the default from 16 tokens for multiples of 64 heads on compute capability 9.0) the same
 // way, every variant of each case, at 64 and 128 heads: 1, 3, 64 and 128 decode tokens, contexts
 // of 1, 17, 64, 1000, 1024 and 4100 keys, blocks of 16 and 64 keys, automatic and forced split
-// counts (Wgmma64Heads cases).
+// counts (Wgmma64Heads cases). An FP8 cache (Fp8 cases): the key-split and wgmma kernels over
+// host-quantised entries, bit for bit against the same variant over a bf16 cache of the
+// host-dequantised values and against the CPU over the FP8 cache, at 16 heads (2, 8, 64, 128
+// tokens) and 128 heads (3, 16, 128 tokens).
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
@@ -28,6 +31,7 @@
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/fp8_latent_entry.h"
 
 namespace deepinfer {
 namespace {
@@ -406,6 +410,266 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<std::tuple<Case, kernels::LatentCacheType>>& info) {
       return std::get<0>(info.param).name + "_bf16";
     });
+
+// ---- FP8 cache (PagedLatentCache kFp8E4M3, worker/backend/fp8_latent_entry.h) ----
+//
+// Decode tokens (one per sequence, seeing all of it) over an FP8 cache whose entries the host
+// quantised (QuantizeFp8LatentEntry), each token's latent at its own scale. The key-split kernel
+// (variant 9, and 0 / 10 where they run it) and the 64-head wgmma kernel (variant 10, and 0 from
+// 16 tokens, for 128 heads on compute capability 9.0) read the FP8 entries themselves: each
+// variant's output is bit for bit the same variant's over a bf16 cache holding the
+// host-dequantised values (DequantizeFp8LatentEntry, then bf16 rounding: the values
+// GatherFp8LatentCacheBf16 copies), on the corresponding kernel, and within the bf16-operand
+// bound (Bf16OperandsAtol) of CpuBackend::MlaAttention over Q rounded to bf16. pow2_scales: each
+// token's amax is 448 * 2^k, so its scale is 2^k and every dequantised value is a bf16 value: the
+// reference is the CPU over the FP8 cache itself (it dequantises the entries on its own). Other
+// scales: the fp32 products e4m3 * s carry more bits than bf16, and those roundings move random
+// scores by more than the bound, so the reference is the CPU over the bf16 cache of rounded values
+// (the bit-for-bit check above covers the conversion). Variant 4 runs the CUDA-core kernel over the
+// FP8 entries (fp32 math, the CPU over the FP8 cache with the fp32 tolerances).
+struct Fp8Case {
+  std::string name;
+  int32_t heads = 16;
+  int32_t block_size = 16;
+  std::vector<int32_t> seq_len;
+  int32_t num_splits = 0;
+  bool pow2_scales = true;
+};
+
+void PrintTo(const Fp8Case& c, std::ostream* os) { *os << c.name; }
+
+class MlaAttentionFp8CacheTest : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(MlaAttentionFp8CacheTest, TensorCoreKernelsReadTheFp8Entries) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  const Fp8Case s = GetParam();
+  constexpr int32_t L = 512, R = 64, E = L + R;
+  const Fp8LatentEntryLayout layout = Fp8LatentLayout(L, R);
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << s.name << " seed " << seed);
+  CpuBackend cpu(2);
+  const int32_t bs = s.block_size;
+  int32_t max_blocks = 0, num_blocks = 3;  // a few blocks no sequence owns
+  for (int32_t len : s.seq_len) {
+    max_blocks = std::max(max_blocks, (len + bs - 1) / bs);
+    num_blocks += (len + bs - 1) / bs;
+  }
+  std::mt19937 gen(seed);
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), gen);
+  const int32_t tokens = static_cast<int32_t>(s.seq_len.size());
+  std::vector<int32_t> tables(static_cast<size_t>(tokens) * max_blocks, 0), slots, token_seq;
+  int next = 0;
+  for (int32_t q = 0; q < tokens; ++q) {
+    for (int32_t b = 0; b * bs < s.seq_len[q]; ++b) tables[q * max_blocks + b] = perm[next++];
+    for (int32_t p = 0; p < s.seq_len[q]; ++p) {
+      slots.push_back(tables[q * max_blocks + p / bs] * bs + p % bs);
+    }
+    token_seq.push_back(q);
+  }
+  // Entries: N(0, 1) latents scaled per token by 2^u (u in [-2, 2]), or to amax 448 * 2^k
+  // (k in [-7, -5]); unit rope keys. Slots no sequence owns stay 0xFF (NaN codes, NaN scale;
+  // 0xFFFF, a bf16 NaN, in the bf16 cache): never read.
+  const size_t num_slots = static_cast<size_t>(num_blocks) * bs;
+  std::vector<uint8_t> fp8(num_slots * layout.bytes, 0xFF);
+  std::vector<uint16_t> bf16(num_slots * E, 0xFFFF);
+  std::uniform_real_distribution<float> binade(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> pow2(-7, -5);
+  double max_abs = 0.0;
+  for (size_t t = 0; t < slots.size(); ++t) {
+    std::vector<float> kv = testing::RandomFloats(E, seed + 1 + static_cast<uint32_t>(t));
+    if (s.pow2_scales) {
+      int at = 0;
+      for (int i = 0; i < L; ++i) at = std::fabs(kv[i]) > std::fabs(kv[at]) ? i : at;
+      const float amax = std::ldexp(448.0f, pow2(gen)), c = amax / std::fabs(kv[at]);
+      for (int i = 0; i < L; ++i) {
+        kv[i] = std::copysign(std::min(std::fabs(kv[i] * c), amax), kv[i]);
+      }
+      kv[at] = kv[at] < 0 ? -amax : amax;
+    } else {
+      const float m = std::exp2(binade(gen));
+      for (int i = 0; i < L; ++i) kv[i] *= m;
+    }
+    uint8_t* entry = fp8.data() + static_cast<size_t>(slots[t]) * layout.bytes;
+    QuantizeFp8LatentEntry(kv.data(), L, kv.data() + L, R, entry);
+    float values[E];
+    DequantizeFp8LatentEntry(entry, L, R, values);
+    for (int i = 0; i < E; ++i) {
+      bf16[static_cast<size_t>(slots[t]) * E + i] = FloatToBf16Bits(values[i]);
+      if (i < L) max_abs = std::max<double>(max_abs, std::fabs(values[i]));
+      if (s.pow2_scales) {
+        ASSERT_EQ(RoundToBf16(values[i]), values[i]) << "a bf16 value";
+      }
+    }
+  }
+  std::vector<int32_t> context_len(s.seq_len);
+  const auto q_latent = testing::RandomFloats(static_cast<size_t>(tokens) * s.heads * L, seed + 2);
+  const auto q_rope = testing::RandomFloats(static_cast<size_t>(tokens) * s.heads * R, seed + 3);
+  std::vector<float> q_latent16(q_latent), q_rope16(q_rope);
+  for (float& x : q_latent16) x = RoundToBf16(x);
+  for (float& x : q_rope16) x = RoundToBf16(x);
+  const float scale = 0.0721f;
+
+  // The references: over Q rounded to bf16 (the FP8 cache, or the rounded bf16 cache), and
+  // over Q itself and the FP8 cache (the CUDA-core kernel, variant 4).
+  const size_t out_size = static_cast<size_t>(tokens) * s.heads * L;
+  const PagedLatentCacheView fp8_view{fp8.data(), bs, L, R, WeightDType::kFp8E4M3};
+  const PagedLatentCacheView bf16_view{bf16.data(), bs, L, R, WeightDType::kBFloat16};
+  auto cpu_attention = [&](const PagedLatentCacheView& view, const std::vector<float>& ql,
+                           const std::vector<float>& qr) {
+    MlaAttentionArgs a;
+    a.num_tokens = tokens;
+    a.num_heads = s.heads;
+    a.q_latent = ql.data();
+    a.q_rope = qr.data();
+    a.q_rope_token_stride = int64_t{s.heads} * R;
+    a.q_rope_head_stride = R;
+    a.cache = view;
+    a.block_tables = tables.data();
+    a.max_blocks_per_seq = max_blocks;
+    a.token_seq = token_seq.data();
+    a.context_len = context_len.data();
+    a.softmax_scale = scale;
+    std::vector<float> out(out_size);
+    a.out_latent = out.data();
+    cpu.MlaAttention(a);
+    return out;
+  };
+  const std::vector<float> want16 =
+      cpu_attention(s.pow2_scales ? fp8_view : bf16_view, q_latent16, q_rope16);
+  const std::vector<float> want_f32 = cpu_attention(fp8_view, q_latent, q_rope);
+  const double atol = Bf16OperandsAtol(max_abs);
+
+  DeviceArray<uint8_t> dfp8(fp8);
+  DeviceArray<uint16_t> dbf16(bf16);
+  DeviceArray<float> dql(q_latent), dqr(q_rope), dout(out_size), dout16(out_size);
+  DeviceArray<int32_t> dtables(tables), dseq(token_seq), dlen(context_len);
+  kernels::MlaAttentionParams p;
+  p.num_tokens = tokens;
+  p.num_heads = s.heads;
+  p.q_latent = dql.get();
+  p.q_rope = dqr.get();
+  p.q_rope_token_stride = int64_t{s.heads} * R;
+  p.q_rope_head_stride = R;
+  p.cache = {dfp8.get(),
+             bs,
+             L,
+             R,
+             kernels::LatentCacheType::kFp8E4M3,
+             static_cast<int32_t>(layout.rope_offset),
+             static_cast<int32_t>(layout.scale_offset),
+             static_cast<int32_t>(layout.bytes)};
+  p.block_tables = dtables.get();
+  p.max_blocks_per_seq = max_blocks;
+  p.token_seq = dseq.get();
+  p.context_len = dlen.get();
+  p.softmax_scale = scale;
+  p.out_latent = dout.get();
+  p.num_splits = s.num_splits;
+  kernels::MlaAttentionParams p16 = p;
+  p16.cache = {dbf16.get(), bs, L, R, kernels::LatentCacheType::kBFloat16};
+  p16.out_latent = dout16.get();
+  // Every variant of the default's choice over the FP8 cache runs the kernel, split count and
+  // merge the bf16 cache runs: no caller needs the bf16 copy.
+  EXPECT_TRUE(kernels::MlaAttentionReadsFp8Directly(p));
+  EXPECT_FALSE(kernels::MlaAttentionReadsFp8Directly(p16));
+  std::vector<float> got16, got;
+  for (int variant : {0, 9, 10, 4}) {
+    SCOPED_TRACE(::testing::Message() << "mma_variant " << variant);
+    p.mma_variant = variant;
+    p16.mma_variant = variant;
+    const std::string kernel = kernels::MlaAttentionKernelName(p);
+    const std::string kernel16 = kernels::MlaAttentionKernelName(p16);
+    dout.Poison();
+    DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
+    DEEPINFER_CUDA_OK(dout.Download(&got));
+    if (variant == 4) {
+      EXPECT_EQ(kernel, "grouped_fp8");
+      // (The fp32 tolerance scaled to these latents, up to ~16 against the N(0, 1) of Cases.)
+      EXPECT_TRUE(AllClose(got, want_f32, kF32Atol * std::max(1.0, max_abs), kF32Rtol));
+      continue;
+    }
+    // The bf16 cache's kernel under this variant, in its FP8 form.
+    EXPECT_EQ(kernel, kernel16 == "wgmma_bf16_64_heads"  ? "wgmma_fp8_64_heads"
+                      : kernel16 == "mma_bf16_key_split" ? "mma_fp8_key_split"
+                                                         : "mma_fp8_key_split_cluster")
+        << kernel16;
+    EXPECT_TRUE(kernels::MlaAttentionBf16Operands(p));
+    dout16.Poison();
+    DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p16, nullptr));
+    DEEPINFER_CUDA_OK(dout16.Download(&got16));
+    EXPECT_TRUE(testing::SameBits(got, got16, out_size));
+    const ::testing::AssertionResult close = AllClose(got, want16, atol, kBf16Rtol);
+    EXPECT_TRUE(close);
+    std::cout << "[mla-attention-fp8] " << s.name << " " << kernel << " variant " << variant
+              << " (atol " << atol << "): " << close.message() << "\n";
+  }
+  // A caller's workspace (where the split count needs one); got16: variant 0's output over the
+  // bf16 cache.
+  p.mma_variant = 0;
+  p16.mma_variant = 0;
+  dout16.Poison();
+  DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p16, nullptr));
+  DEEPINFER_CUDA_OK(dout16.Download(&got16));
+  size_t bytes = 0;
+  DEEPINFER_CUDA_OK(kernels::MlaAttentionWorkspaceBytes(p, &bytes));
+  DeviceArray<float> ws(bytes / sizeof(float));
+  ws.Poison();
+  p.workspace = ws.get();
+  p.workspace_bytes = bytes;
+  dout.Poison();
+  DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
+  DEEPINFER_CUDA_OK(dout.Download(&got));
+  EXPECT_TRUE(testing::SameBits(got, got16, out_size));
+}
+
+std::vector<Fp8Case> Fp8Cases() {
+  std::vector<Fp8Case> c;
+  std::vector<int32_t> ragged8 = {1, 2, 31, 32, 33, 95, 1000, 1025};
+  std::vector<int32_t> mixed64 = {1, 63, 64, 65, 127, 128, 129, 1024, 1023, 1025};
+  for (int32_t i = 0; static_cast<int32_t>(mixed64.size()) < 64; ++i) {
+    mixed64.push_back(1 + (i * 131) % 1200);
+  }
+  std::vector<int32_t> mixed128;
+  for (int32_t i = 0; i < 128; ++i) mixed128.push_back(1 + (i * 97) % 1100);
+  c.push_back({"2_tokens_ctx_1_and_1500", 16, 16, {1, 1500}});
+  c.push_back({"2_tokens_ctx_33_and_100_scales_any", 16, 16, {33, 100}, 0, false});
+  c.push_back({"8_tokens_ragged", 16, 16, ragged8});
+  c.push_back({"8_tokens_ragged_block_64_scales_any", 16, 64, ragged8, 0, false});
+  c.push_back({"8_tokens_split_2", 16, 16, ragged8, 2, false});  // the cluster merge
+  c.push_back({"8_tokens_split_3", 16, 16, ragged8, 3});
+  c.push_back({"8_tokens_split_5", 16, 16, ragged8, 5, false});  // workspace + combine
+  c.push_back({"64_tokens_mixed", 16, 16, mixed64});
+  c.push_back({"64_tokens_mixed_block_64_scales_any", 16, 64, mixed64, 0, false});
+  c.push_back({"128_tokens_mixed", 16, 16, mixed128});
+  c.push_back(
+      {"128_tokens_ctx_1024_scales_any", 16, 16, std::vector<int32_t>(128, 1024), 0, false});
+  // One split of 1025 blocks of 1 key: the block table read from global memory.
+  c.push_back({"2_tokens_table_in_global_block_1", 16, 1, {5, 1025}, 1, false});
+  // 128 heads: below 16 tokens the default runs the key-split kernel (8 head groups), from 16
+  // the 64-head wgmma kernel (compute capability 9.0), variant 10 always the wgmma one there:
+  // contexts of 1, within one 64-key tile and past several, and forced splits.
+  c.push_back({"128_heads_3_tokens", 128, 16, {1, 37, 1025}});
+  c.push_back({"128_heads_3_tokens_split_5_block_64", 128, 64, {1, 64, 4100}, 5, false});
+  std::vector<int32_t> mixed128h;
+  for (int32_t i = 0; i < 128; ++i) mixed128h.push_back(1 + (i * 97) % 1100);
+  c.push_back({"128_heads_128_tokens_mixed", 128, 16, mixed128h});
+  c.push_back({"128_heads_128_tokens_ctx_1024_block_64_scales_any", 128, 64,
+               std::vector<int32_t>(128, 1024), 0, false});
+  c.push_back({"128_heads_16_tokens_scales_any",
+               128,
+               16,
+               {1, 17, 32, 33, 64, 100, 511, 512, 513, 700, 1000, 1023, 1024, 1025, 300, 2},
+               0,
+               false});
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp8, MlaAttentionFp8CacheTest, ::testing::ValuesIn(Fp8Cases()),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) {
+                           return info.param.name;
+                         });
 
 TEST(MlaAttentionKernelLimitsTest, RejectsTooWideLatent) {
   DEEPINFER_SKIP_WITHOUT_GPU();

@@ -1,11 +1,14 @@
 // What the MLA decode kernels (mla_decode_grouped.cuh, mla_decode_mma.cuh,
-// mla_decode_key_split.cuh) share: the cache element widening, the asynchronous 16-byte copy, a
-// key's row in the paged cache and the context split of a (token, split) block. Included only by
-// mla_attention.cu, which compiles every decode kernel in one translation unit.
+// mla_decode_key_split.cuh, mla_decode_wgmma.cu) share: the cache element widening, FP8 codes to
+// bf16, the asynchronous 16-byte copy, a key's row in the paged cache and the context split of a
+// (token, split) block. Included by mla_attention.cu, which compiles the other decode kernels in
+// one translation unit, and by mla_decode_wgmma.cu.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_COMMON_CUH_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_COMMON_CUH_
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <math.h>
 
 #include <cstdint>
@@ -35,6 +38,21 @@ __device__ __forceinline__ void CopyAsync16(void* dst, const void* src) {
 #else
   *static_cast<float4*>(dst) = *static_cast<const float4*>(src);
 #endif
+}
+
+// Four e4m3 codes of an FP8 cache entry (one word, lowest byte first) times the entry's scale,
+// each fp32 product rounded to bf16 (nearest even), as two bf16x2 words (lower value in the low
+// half): the values GatherFp8LatentCacheBf16 writes (mla_fp8_gather.h), which the tensor-core
+// kernels' FP8 forms convert their tiles into.
+__device__ __forceinline__ uint2 DequantFp8x4Bf16(uint32_t codes, float scale) {
+  const __half2 lo(
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xffffu), __NV_E4M3));
+  const __half2 hi(
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes >> 16), __NV_E4M3));
+  const float2 a = __half22float2(lo), b = __half22float2(hi);
+  const __nv_bfloat162 x = __floats2bfloat162_rn(__fmul_rn(a.x, scale), __fmul_rn(a.y, scale));
+  const __nv_bfloat162 y = __floats2bfloat162_rn(__fmul_rn(b.x, scale), __fmul_rn(b.y, scale));
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&x), *reinterpret_cast<const uint32_t*>(&y));
 }
 
 // Where key j's entry starts: in elements of the cache's type (fp32, bf16), in bytes for an FP8

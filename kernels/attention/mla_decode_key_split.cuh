@@ -1,6 +1,7 @@
 // MlaBf16KeySplitKernel: the key-split tensor-core MLA decode kernel (mma_variant 9, the
-// default) for latent 512 + rope 64, with its cluster merge of 2-3 splits. Included only by
-// mla_attention.cu.
+// default) for latent 512 + rope 64, with its cluster merge of 2-3 splits, over a bf16 cache or
+// an FP8 one (kFp8 below: the entries' bytes staged in the key tile and converted there into the
+// bf16 values that mla_fp8_gather.h's copy holds). Included only by mla_attention.cu.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_KEY_SPLIT_CUH_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_KEY_SPLIT_CUH_
 
@@ -99,6 +100,101 @@ __device__ __forceinline__ void LoadSplitTile(const __nv_bfloat16* cache,
   CopyAsyncCommit();
 }
 
+// ---- FP8 entries (kFp8) ----
+//
+// An FP8 tile is staged in the bf16 tile's own rows (no extra shared memory): key row r's
+// latent codes (512 bytes) go to bytes [512, 1024) of the row, the upper half of the bf16
+// latent it becomes; the rope key's bf16 values straight to their place (bf16 columns 512 ..
+// 575); the 16-byte piece of the entry holding the scale to the row's padding (columns 576 ..
+// 583, which no MMA reads). Each row is copied by 8 threads of one warp, so after the copies
+// land the warp converts its rows in place (ConvertSplitTileFp8) with warp barriers only,
+// before the block barrier that publishes the tile.
+constexpr int kSplitFp8CodeByte = kSplitLatent;           // codes' byte offset in a tile row
+constexpr int kSplitFp8CodePieces = kSplitLatent / 16;    // 32 16-byte pieces of codes
+constexpr int kSplitFp8RopePieces = kSplitRope * 2 / 16;  // 8 16-byte pieces of rope key
+constexpr int kSplitFp8ScaleByte = kSplitDim * 2;         // the scale piece: the row's padding
+constexpr int kSplitFp8CodesPerThread = kSplitFp8CodePieces / kSplitRowThreads;  // 4 pieces
+static_assert(kSplitFp8RopePieces == kSplitRowThreads, "one rope piece per copying thread");
+static_assert(kSplitLd * 2 - kSplitFp8ScaleByte == 16, "the row's padding holds one piece");
+static_assert(kSplitRowThreads <= 32 && 32 % kSplitRowThreads == 0, "a row's threads in one warp");
+
+// Where an FP8 entry's parts are (PagedLatentCache's offsets, Fp8LatentCacheLayoutValid, the
+// rope key 16-byte aligned: the plan checks it).
+struct SplitFp8Layout {
+  int32_t rope_byte;         // fp8_rope_offset
+  int32_t scale_piece_byte;  // fp8_scale_offset rounded down to 16 (within the entry)
+  int32_t scale_in_piece;    // fp8_scale_offset % 16
+};
+
+__device__ __forceinline__ SplitFp8Layout Fp8LayoutOf(const PagedLatentCache& c) {
+  return {c.fp8_rope_offset, c.fp8_scale_offset & ~15, c.fp8_scale_offset & 15};
+}
+
+// LoadSplitTile for an FP8 cache (rows[k]: byte offsets of the entries; -1: the row's codes,
+// rope key and scale piece zeroed, so that it converts to zeros), one copy group.
+template <int kRows>
+__device__ __forceinline__ void LoadSplitTileFp8(const uint8_t* cache, const int64_t (&rows)[kRows],
+                                                 const SplitFp8Layout& layout, __nv_bfloat16* dst) {
+  const int r0 = threadIdx.x / kSplitRowThreads, f0 = threadIdx.x % kSplitRowThreads;
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    uint8_t* d = reinterpret_cast<uint8_t*>(dst + (r0 + k * kSplitRowsPerPass) * kSplitLd);
+    if (rows[k] < 0) {
+      const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int i = 0; i < kSplitFp8CodesPerThread; ++i) {
+        *reinterpret_cast<uint4*>(d + kSplitFp8CodeByte + (f0 + i * kSplitRowThreads) * 16) = z;
+      }
+      *reinterpret_cast<uint4*>(d + kSplitLatent * 2 + f0 * 16) = z;
+      if (f0 == 0) *reinterpret_cast<uint4*>(d + kSplitFp8ScaleByte) = z;
+    } else {
+      const uint8_t* s = cache + rows[k];
+#pragma unroll
+      for (int i = 0; i < kSplitFp8CodesPerThread; ++i) {
+        const int piece = f0 + i * kSplitRowThreads;
+        CopyAsync16(d + kSplitFp8CodeByte + piece * 16, s + piece * 16);
+      }
+      CopyAsync16(d + kSplitLatent * 2 + f0 * 16, s + layout.rope_byte + f0 * 16);
+      if (f0 == 0) CopyAsync16(d + kSplitFp8ScaleByte, s + layout.scale_piece_byte);
+    }
+  }
+  CopyAsyncCommit();
+}
+
+// Converts this thread's part of an FP8 tile staged by LoadSplitTileFp8 (its copies have
+// landed: CopyAsyncWait) in place into the bf16 latent columns, a row at a time: the thread reads
+// the code pieces it copied and the row's scale into registers, the warp synchronises (the
+// row's bf16 values overwrite codes that its other threads read), and the thread writes 16 bf16
+// values per piece. The caller's block barrier publishes the tile.
+template <int kRows>
+__device__ __forceinline__ void ConvertSplitTileFp8(__nv_bfloat16* tile, int scale_in_piece) {
+  const int r0 = threadIdx.x / kSplitRowThreads, f0 = threadIdx.x % kSplitRowThreads;
+  __syncwarp();  // the scale pieces (copied by one thread of each row) are visible
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    uint8_t* row = reinterpret_cast<uint8_t*>(tile + (r0 + k * kSplitRowsPerPass) * kSplitLd);
+    const float scale = *reinterpret_cast<const float*>(row + kSplitFp8ScaleByte + scale_in_piece);
+    uint4 codes[kSplitFp8CodesPerThread];
+#pragma unroll
+    for (int i = 0; i < kSplitFp8CodesPerThread; ++i) {
+      codes[i] = *reinterpret_cast<const uint4*>(row + kSplitFp8CodeByte +
+                                                 (f0 + i * kSplitRowThreads) * 16);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kSplitFp8CodesPerThread; ++i) {
+      // Piece p's 16 codes are latent values 16 p .. 16 p + 15: bf16 bytes [32 p, 32 p + 32).
+      uint4* d = reinterpret_cast<uint4*>(row + (f0 + i * kSplitRowThreads) * 32);
+      const uint2 v0 = DequantFp8x4Bf16(codes[i].x, scale);
+      const uint2 v1 = DequantFp8x4Bf16(codes[i].y, scale);
+      const uint2 v2 = DequantFp8x4Bf16(codes[i].z, scale);
+      const uint2 v3 = DequantFp8x4Bf16(codes[i].w, scale);
+      d[0] = make_uint4(v0.x, v0.y, v1.x, v1.y);
+      d[1] = make_uint4(v2.x, v2.y, v3.x, v3.y);
+    }
+  }
+}
+
 // ---- The key-split kernel's start-up ----
 //
 // Q of one head group as fp32 float4s: element e = threadIdx + i * kMmaThreads of the
@@ -184,14 +280,15 @@ __device__ __forceinline__ SplitTable PrefetchSplitTable(const MlaAttentionParam
 }
 
 // Cache offset of key j (< 2^31: context lengths are int32) of the split, -1 at or past end:
-// 32-bit index math and, when the table is in shared memory, no global load.
+// 32-bit index math and, when the table is in shared memory, no global load. row_stride: the
+// entry's size in the offset's unit (kSplitDim bf16 values, or an FP8 entry's bytes).
 __device__ __forceinline__ int64_t SplitRowOrNone(const MlaAttentionParams& p, const SplitTable& st,
-                                                  int32_t j, int32_t end) {
+                                                  int32_t j, int32_t end, int32_t row_stride) {
   if (j >= end) return -1;
   const int32_t bs = p.cache.block_size;
   const int32_t b = j / bs, o = j - b * bs;
   const int32_t block = st.in_smem ? st.stab[b - st.first_block] : st.table[b];
-  return (static_cast<int64_t>(block) * bs + o) * kSplitDim;
+  return (static_cast<int64_t>(block) * bs + o) * row_stride;
 }
 
 // ---- The key-split kernel's split merge (kClusterMerge) ----
@@ -324,7 +421,14 @@ __device__ __forceinline__ void ClusterMergeSplits(const MlaAttentionParams& p, 
 // columns [r, r + 1) * 512 / num_splits of every block's partial through distributed shared
 // memory (the FlashDecoding merge, as MlaDecodeSmall's). An empty split takes part with max
 // -inf and sum 0 (weight 0).
-template <bool kClusterMerge>
+//
+// kFp8: an FP8 cache (PagedLatentCache kFp8E4M3 with the rope key 16-byte aligned in the
+// entry): each tile's entries are staged with the same copies (LoadSplitTileFp8: 656 bytes a
+// key for DeepSeek's layout instead of 1152) and each warp converts its rows into the bf16
+// tile (ConvertSplitTileFp8) before the barrier that starts the tile, so the MMAs read the
+// values of the bf16 copy GatherFp8LatentCacheBf16 would write, and the output is bit for bit
+// that of the kernel over such a copy (the same split count).
+template <bool kClusterMerge, bool kFp8 = false>
 __global__ void __launch_bounds__(kMmaThreads, 2)
     MlaBf16KeySplitKernel(MlaAttentionParams p, int num_groups, int num_splits, bool /*vec_loads*/,
                           float* ws_out, float* ws_ml) {
@@ -371,6 +475,9 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     return;
   }
   const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
+  const uint8_t* cache_fp8 = static_cast<const uint8_t*>(p.cache.cache);
+  const SplitFp8Layout fp8_layout = kFp8 ? Fp8LayoutOf(p.cache) : SplitFp8Layout{0, 0, 0};
+  const int32_t row_stride = kFp8 ? p.cache.fp8_entry_bytes : kSplitDim;
   // Base-2 softmax: log2 e folded into the scale; the workspace's maxima in natural-log units.
   const float score_scale = p.softmax_scale * 1.4426950408889634f;
 
@@ -382,8 +489,16 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       const int64_t j = j0 + my_row + k * kSplitRowsPerPass;
-      rows[k] =
-          SplitRowOrNone(p, st, static_cast<int32_t>(j < end ? j : end), static_cast<int32_t>(end));
+      rows[k] = SplitRowOrNone(p, st, static_cast<int32_t>(j < end ? j : end),
+                               static_cast<int32_t>(end), row_stride);
+    }
+  };
+  // The tile's copies into dst (one copy group).
+  auto load_tile = [&](__nv_bfloat16* dst) {
+    if constexpr (kFp8) {
+      LoadSplitTileFp8(cache_fp8, rows, fp8_layout, dst);
+    } else {
+      LoadSplitTile(cache, rows, dst);
     }
   };
   // The split's table entries into shared memory (one round of loads), then tiles 0 and 1 in
@@ -392,10 +507,10 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   st = PrefetchSplitTable(p, table, stab, static_cast<int32_t>(begin), static_cast<int32_t>(end));
   __syncthreads();
   tile_rows(begin);
-  LoadSplitTile(cache, rows, kbuf);
+  load_tile(kbuf);
   if (begin + kKeys < end) {
     tile_rows(begin + kKeys);
-    LoadSplitTile(cache, rows, kbuf + kKeys * kSplitLd);
+    load_tile(kbuf + kKeys * kSplitLd);
     tile_rows(begin + 2 * kKeys);
   } else {
     CopyAsyncCommit();
@@ -420,14 +535,19 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     if (tile == 0) {
       CopyAsyncWait<1>();
     } else {
-      CopyAsyncWait<0>();  // this tile's copies (the only group in flight) have landed ...
+      CopyAsyncWait<0>();  // this tile's copies (the only group in flight) have landed
     }
-    __syncthreads();  // ... for every thread, and every warp is done with the previous tile
+    if constexpr (kFp8) {
+      // Each warp converts its own rows of this tile's buffer (other warps may still read the
+      // previous tile's buffer, never this one).
+      ConvertSplitTileFp8<kRows>(kbuf + (tile & 1) * kKeys * kSplitLd, fp8_layout.scale_in_piece);
+    }
+    __syncthreads();  // the tile is complete for every thread, every warp done with the last one
     const __nv_bfloat16* kc = kbuf + (tile & 1) * kKeys * kSplitLd;
     // The next tile into the buffer the previous one used (tile 1 is in flight already, so
     // from tile 1 on, and rows[] holds tile + 1's offsets then).
     if (tile > 0 && j0 + kKeys < end) {
-      LoadSplitTile(cache, rows, kbuf + ((tile + 1) & 1) * kKeys * kSplitLd);
+      load_tile(kbuf + ((tile + 1) & 1) * kKeys * kSplitLd);
       tile_rows(j0 + 2 * kKeys);
     }
 

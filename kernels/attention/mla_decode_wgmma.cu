@@ -23,8 +23,14 @@
 // Keys past the context are zeroed in shared memory (P V never meets garbage) and score -inf.
 // Q and P enter the products as bf16 (as the key-split kernel: MlaAttentionBf16Operands);
 // accumulation and softmax are fp32. Splits write the workspace for mla_attention.cu's combine.
-
-#include "kernels/attention/mla_decode_wgmma.h"
+//
+// kFp8: an FP8 cache (PagedLatentCache kFp8E4M3, the rope key 16-byte aligned in the entry).
+// The tile's copies put each key's 512 e4m3 codes into chunks 4-7 of its own row (where the
+// latent's upper half goes in bf16), the bf16 rope key into chunk 8 as for a bf16 cache, and
+// the entry's scale into a small array [2 tiles][64 keys]; after the copies land each warp
+// converts its own rows in place into bf16(e4m3(q) * s) (one fp32 product, nearest even: the
+// values mla_fp8_gather.h's copy holds) before the tile's proxy fence and barrier, so the
+// output is bit for bit the kernel's over that bf16 copy.
 
 #include <cuda_bf16.h>
 #include <math.h>
@@ -32,8 +38,10 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "kernels/attention/mla_decode_common.cuh"
+#include "kernels/attention/mla_decode_wgmma.h"
 #include "kernels/common/kernel_facts.h"
 #include "kernels/gemm/wgmma_tma.cuh"
 
@@ -61,6 +69,10 @@ constexpr uint32_t kPBytes = kHeads * kKeys * 2;
 constexpr size_t kSmemBytes =
     1024 + kQBytes + 2 * size_t{kTileBytes} + kPBytes + 4 * kHeads * sizeof(float);
 static_assert(kSmemBytes <= 227 * 1024, "fits an sm_90 block's shared memory");
+// kFp8: the entries' scales [2 tiles][kKeys] after the softmax exchange.
+constexpr size_t kSmemBytesFp8 = kSmemBytes + 2 * kKeys * sizeof(float);
+static_assert(kSmemBytesFp8 <= 227 * 1024, "fits an sm_90 block's shared memory");
+constexpr size_t SmemBytes(bool fp8) { return fp8 ? kSmemBytesFp8 : kSmemBytes; }
 static_assert(kKeys == 64 && kHeads == 64, "P is one 128-byte chunk; 4 warps x 16 rows");
 static_assert(kThreads / 8 * 2 == kKeys, "8 threads per key row, two rows each");
 // Q float4 loads per thread, in batches.
@@ -93,6 +105,12 @@ __device__ __forceinline__ void FenceProxyAsync() {
 // Byte offset of 16-byte piece `piece` of row r in a 128-byte-swizzled chunk.
 __device__ __forceinline__ uint32_t Swz(int r, int piece) {
   return static_cast<uint32_t>(r * 128 + ((piece ^ (r & 7)) << 4));
+}
+
+// 4-byte global -> shared copy in the current copy group (cp.async.ca: the 4-byte form).
+__device__ __forceinline__ void CopyAsync4(void* dst, const void* src) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(addr), "l"(src) : "memory");
 }
 
 template <int N>
@@ -153,6 +171,7 @@ __device__ __forceinline__ void WgmmaValues(float (&d)[128], uint64_t a, uint64_
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaWgmmaKernel(MlaAttentionParams p, int num_groups, int num_splits, float* ws_out,
                    float* ws_ml) {
@@ -164,6 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* ps = kbuf + 2 * kTileBytes;
   float* red_max = reinterpret_cast<float*>(ps + kPBytes);  // [2][64]
   float* red_sum = red_max + 2 * kHeads;                    // [2][64]
+  float* fp8_scale = red_sum + 2 * kHeads;                  // kFp8: [2 tiles][64 keys]
   const uint32_t qs_a = SmemAddr(qs), kbuf_a = SmemAddr(kbuf), ps_a = SmemAddr(ps);
 
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
@@ -179,12 +199,70 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t* table =
       p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.max_blocks_per_seq;
   const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(p.cache.cache);
+  const uint8_t* cache_fp8 = static_cast<const uint8_t*>(p.cache.cache);
   const int64_t bs = p.cache.block_size;
+  // Entry stride: bf16 values, or an FP8 entry's bytes.
+  const int64_t row_stride = kFp8 ? p.cache.fp8_entry_bytes : kDim;
   // Key rows: 8 threads per row (16-byte piece p8 of each of the 9 chunks), rows r0 and r0 + 32.
   const int r0 = tid >> 3, p8 = tid & 7;
   auto row_of = [&](int64_t j) -> int64_t {
     if (j >= end) return -1;
-    return (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * kDim;
+    return (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * row_stride;
+  };
+  // kFp8: code piece c = p8 + 8 i (codes 16 c ..) of row r goes to piece p8 of chunk 4 + i, the
+  // rope key's piece p8 to chunk 8, the scale to fp8_scale[buf][r]; a row past the end gets
+  // zero codes, rope key and scale.
+  auto load_tile_fp8 = [&](const int64_t(&rows)[2], uint8_t* dst, float* scales) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int r = r0 + 32 * k;
+      uint8_t* d = dst + Swz(r, p8);
+      if (rows[k] < 0) {
+#pragma unroll
+        for (int i = 4; i < kChunks; ++i) {
+          *reinterpret_cast<uint4*>(d + i * kKChunkBytes) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        if (p8 == 0) scales[r] = 0.0f;
+      } else {
+        const uint8_t* e = cache_fp8 + rows[k];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          mla::CopyAsync16(d + (4 + i) * kKChunkBytes, e + (p8 + 8 * i) * 16);
+        }
+        mla::CopyAsync16(d + 8 * kKChunkBytes, e + p.cache.fp8_rope_offset + p8 * 16);
+        if (p8 == 0) CopyAsync4(scales + r, e + p.cache.fp8_scale_offset);
+      }
+    }
+    mla::CopyAsyncCommit();
+  };
+  // kFp8: this thread's code pieces of its two rows into registers, the warp synchronised
+  // (a row's bf16 values overwrite codes its other threads read; the rows' 8 threads are one
+  // warp's), then piece c's 16 bf16 values into logical pieces 2 (c % 4), + 1 of chunk c / 4.
+  auto convert_tile_fp8 = [&](uint8_t* tile_base, const float* scales) {
+    __syncwarp();  // the scales (copied by one thread of each row) are visible
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int r = r0 + 32 * k;
+      const float scale = scales[r];
+      uint4 codes[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        codes[i] = *reinterpret_cast<const uint4*>(tile_base + (4 + i) * kKChunkBytes + Swz(r, p8));
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = p8 + 8 * i;
+        uint8_t* chunk = tile_base + (c / 4) * kKChunkBytes;
+        const uint2 v0 = mla::DequantFp8x4Bf16(codes[i].x, scale);
+        const uint2 v1 = mla::DequantFp8x4Bf16(codes[i].y, scale);
+        const uint2 v2 = mla::DequantFp8x4Bf16(codes[i].z, scale);
+        const uint2 v3 = mla::DequantFp8x4Bf16(codes[i].w, scale);
+        *reinterpret_cast<uint4*>(chunk + Swz(r, 2 * (c % 4))) = make_uint4(v0.x, v0.y, v1.x, v1.y);
+        *reinterpret_cast<uint4*>(chunk + Swz(r, 2 * (c % 4) + 1)) =
+            make_uint4(v2.x, v2.y, v3.x, v3.y);
+      }
+    }
   };
   auto load_tile = [&](const int64_t (&rows)[2], uint8_t* dst) {
 #pragma unroll
@@ -206,7 +284,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   int64_t rows[2];
 #pragma unroll
   for (int k = 0; k < 2; ++k) rows[k] = row_of(begin + r0 + 32 * k);
-  load_tile(rows, kbuf);
+  if constexpr (kFp8) {
+    load_tile_fp8(rows, kbuf, fp8_scale);
+  } else {
+    load_tile(rows, kbuf);
+  }
 #pragma unroll
   for (int k = 0; k < 2; ++k) rows[k] = row_of(begin + kKeys + r0 + 32 * k);
 
@@ -250,10 +332,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   int tile = 0;
   for (int64_t j0 = begin; j0 < end; j0 += kKeys, ++tile) {
     mla::CopyAsyncWait<0>();  // this tile's copies (the only group in flight) landed ...
+    if constexpr (kFp8) {
+      // Each warp's own rows of this tile into bf16 (the other buffer is not touched).
+      convert_tile_fp8(kbuf + (tile & 1) * kTileBytes, fp8_scale + (tile & 1) * kKeys);
+    }
     FenceProxyAsync();        // ... (and Q's and the zero fills' stores) for wgmma ...
     __syncthreads();          // ... in every thread; the previous tile is done everywhere
     if (j0 + kKeys < end) {
-      load_tile(rows, kbuf + ((tile + 1) & 1) * kTileBytes);
+      if constexpr (kFp8) {
+        load_tile_fp8(rows, kbuf + ((tile + 1) & 1) * kTileBytes,
+                      fp8_scale + ((tile + 1) & 1) * kKeys);
+      } else {
+        load_tile(rows, kbuf + ((tile + 1) & 1) * kTileBytes);
+      }
 #pragma unroll
       for (int k = 0; k < 2; ++k) rows[k] = row_of(j0 + 2 * kKeys + r0 + 32 * k);
     }
@@ -380,11 +471,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-bool MlaWgmmaRuns(int device) {
+bool MlaWgmmaRuns(int device, bool fp8) {
   static std::mutex mu;
-  static std::map<int, bool>* cache = new std::map<int, bool>();
+  static std::map<std::pair<int, bool>, bool>* cache = new std::map<std::pair<int, bool>, bool>();
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache->find(device);
+  const auto key = std::make_pair(device, fp8);
+  auto it = cache->find(key);
   if (it != cache->end()) return it->second;
   // The sm_90a image runs on compute capability 9.0 only; elsewhere the function has no image.
   int major = 0, minor = 0;
@@ -394,11 +486,12 @@ bool MlaWgmmaRuns(int device) {
                   cudaSuccess &&
               major == 9 && minor == 0;
   if (runs) {
-    const KernelFacts f = KernelFactsFor(reinterpret_cast<const void*>(MlaWgmmaKernel), device,
-                                         static_cast<int>(kSmemBytes));
-    runs = f.error == cudaSuccess && static_cast<size_t>(f.max_smem) >= kSmemBytes;
+    const void* kernel = fp8 ? reinterpret_cast<const void*>(MlaWgmmaKernel<true>)
+                             : reinterpret_cast<const void*>(MlaWgmmaKernel<false>);
+    const KernelFacts f = KernelFactsFor(kernel, device, static_cast<int>(SmemBytes(fp8)));
+    runs = f.error == cudaSuccess && static_cast<size_t>(f.max_smem) >= SmemBytes(fp8);
   }
-  cache->emplace(device, runs);
+  cache->emplace(key, runs);
   return runs;
 }
 
@@ -407,10 +500,16 @@ cudaError_t LaunchMlaWgmma(const MlaAttentionParams& p, int num_groups, int num_
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
-  if (!MlaWgmmaRuns(device)) return cudaErrorInvalidDeviceFunction;  // raises the smem limit
+  const bool fp8 = p.cache.type == LatentCacheType::kFp8E4M3;
+  if (!MlaWgmmaRuns(device, fp8)) return cudaErrorInvalidDeviceFunction;  // raises the smem limit
   const int64_t blocks = static_cast<int64_t>(p.num_tokens) * num_splits * num_groups;
-  MlaWgmmaKernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(
-      p, num_groups, num_splits, ws_out, ws_ml);
+  if (fp8) {
+    MlaWgmmaKernel<true><<<static_cast<unsigned>(blocks), kThreads, kSmemBytesFp8, stream>>>(
+        p, num_groups, num_splits, ws_out, ws_ml);
+  } else {
+    MlaWgmmaKernel<false><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(
+        p, num_groups, num_splits, ws_out, ws_ml);
+  }
   return cudaGetLastError();
 }
 

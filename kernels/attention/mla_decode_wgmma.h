@@ -20,15 +20,16 @@ constexpr int32_t kMlaWgmmaKeys = 64;
 constexpr int32_t kMlaWgmmaLatent = 512;
 constexpr int32_t kMlaWgmmaRope = 64;
 
-// Whether the kernel runs on `device`: its sm_90a image loads there and the device grants its
-// shared memory (one block per SM). Cached per device.
-bool MlaWgmmaRuns(int device);
+// Whether the kernel (over FP8 entries: fp8) runs on `device`: its sm_90a image loads there and
+// the device grants its shared memory (one block per SM). Cached per (device, fp8).
+bool MlaWgmmaRuns(int device, bool fp8);
 
 // Launches one block per (token, context split, group of kMlaWgmmaHeads heads), block index =
 // (token * num_splits + split) * num_groups + group. num_splits == 1: writes out_latent;
 // otherwise each split's unnormalised output and (max, sum) go to ws_out / ws_ml in
 // MlaCombineKernel's layout (empty splits write max -inf, sum 0). Needs num_heads a multiple of
-// kMlaWgmmaHeads, a bf16 cache of latent 512 + rope 64, 16-byte aligned.
+// kMlaWgmmaHeads, a cache of latent 512 + rope 64, 16-byte aligned: bf16, or FP8 with the rope
+// key 16-byte aligned in the entry (read as the bf16 values of mla_fp8_gather.h's copy).
 cudaError_t LaunchMlaWgmma(const MlaAttentionParams& p, int num_groups, int num_splits,
                            float* ws_out, float* ws_ml, cudaStream_t stream);
 

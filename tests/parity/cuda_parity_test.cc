@@ -210,9 +210,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBatchInvariantBf16ParityTest,
 
 // fp32 weights with the FP8 latent cache against the bf16 cache, as the CPU's
 // fp8_cache_parity_test (the bounds of ExpectFp8CacheWithinBounds): the quantising cache write
-// and attention over FP8 entries (through their bf16 copy, the bf16 cache's kernels; one decode
-// token of latent 512 + rope 64, dsv3_mla_dims, by the one-token kernel reading the entries)
-// through the whole model, prefill and decode.
+// and attention over FP8 entries (the decode kernels reading them: the one-token kernel for one
+// decode token of latent 512 + rope 64, dsv3_mla_dims, the tensor-core decode kernels otherwise;
+// the other kernels through their bf16 copy) through the whole model, prefill and decode.
 class CudaFp8CacheParityTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaFp8CacheParityTest, LogitsAndGreedyNextToTheBf16Cache) {

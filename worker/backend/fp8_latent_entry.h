@@ -20,9 +20,10 @@
 namespace deepinfer {
 
 // The most device memory the CUDA backend's attention over an FP8 cache takes at once for its bf16
-// copy of the entries a call reads (worker/backend/cuda/cuda_backend_attention.cc; a call whose
-// copy would be larger reads the FP8 entries with the CUDA-core kernels). The memory plan keeps
-// it aside twice: in the decode graphs' pool and in eager (prefill) scratch.
+// copy of the entries a call reads (worker/backend/cuda/cuda_backend_attention.cc: prefill and
+// the one-token decode kernel; other decode calls read the FP8 entries directly; a call whose
+// copy would be larger reads the FP8 entries with MlaAttentionF32's kernels). The memory plan
+// keeps it aside twice: in the decode graphs' pool and in eager (prefill) scratch.
 constexpr int64_t kFp8CacheCopyMaxBytes = int64_t{512} << 20;
 
 // The largest finite e4m3 ("fn" variant) value: the scale maps a token's amax onto it.

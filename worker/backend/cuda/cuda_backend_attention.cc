@@ -3,11 +3,15 @@
 // key-split decode kernels, the tensor-core prefill) and the non-absorbed MLA prefill. An FP8
 // latent cache (fp8_latent_entry.h) is written by its own quantising kernel. One decode token at
 // a context the one-launch kernel takes (kernels::MlaDecodeSmall) is read by that kernel straight
-// from the FP8 entries (the bits of the bf16 path below over the same entries). Other attention
-// over an FP8 cache first dequantises the entries the call reads into a bf16 copy laid out as a
-// bf16 paged cache (kernels::GatherFp8LatentCacheBf16, scratch reused across layers) and runs
-// the bf16 cache's kernels on the copy; where the copy would exceed kFp8CopyMaxBytes, and in the
-// batch-invariant mode, the CUDA-core MLA kernel reads the FP8 entries itself.
+// from the FP8 entries; other decode attention over it runs the key-split or 64-head wgmma kernel
+// on the FP8 entries wherever the bf16 cache would run that kernel
+// (kernels::MlaAttentionReadsFp8Directly); both give the bits of the bf16 kernels over a bf16
+// copy of the entries. The other calls (prefill, shapes those kernels do not take) first
+// dequantise the entries the call reads into a bf16 copy laid out as a bf16 paged cache
+// (kernels::GatherFp8LatentCacheBf16, scratch reused across layers) and run the bf16 cache's
+// kernels on the copy; where the copy would exceed kFp8CopyMaxBytes, and in the batch-invariant
+// mode, MlaAttentionF32 reads the FP8 entries itself (the key-split or wgmma kernel, or for shapes
+// they do not take the CUDA-core kernel).
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -56,8 +60,8 @@ kernels::PagedLatentCache KernelCache(const PagedLatentCacheView& v) {
 }
 
 // The most bytes a bf16 copy of an FP8 cache's entries (and its block table) may take for one
-// attention call; a call that needs more reads the FP8 entries with the CUDA-core kernel
-// (a decode call without spans runs its tokens in chunks that fit first).
+// attention call; a call that needs more reads the FP8 entries with MlaAttentionF32 (a decode
+// call without spans runs its tokens in chunks that fit first).
 constexpr size_t kFp8CopyMaxBytes = static_cast<size_t>(kFp8CacheCopyMaxBytes);
 
 size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
@@ -320,8 +324,8 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
     r.out_latent = q.out_latent + t0 * a.num_heads * a.cache.latent_dim;
     return r;
   };
-  // An FP8 cache: the entries the call reads as a bf16 copy (the bf16 cache's kernels below run
-  // on it); `cache` is the view the kernels read.
+  // An FP8 cache: `cache` is the view the kernels read (the FP8 entries, or the bf16 copy of the
+  // entries the call reads, on which the bf16 cache's kernels below run).
   const bool fp8 = a.cache.dtype == WeightDType::kFp8E4M3;
   Fp8CacheCopy copy;
   PagedLatentCacheView cache = a.cache;
@@ -365,9 +369,16 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   static_assert(kMlaDecodeSmallMaxTokens < kMlaPrefillMinTokens,
                 "a one-launch decode call has no prefill spans");
   if (fp8 && decode_small(p)) return;
+  // Other decode calls over an FP8 cache that MlaAttentionF32 runs as it would run a bf16 cache
+  // read the FP8 entries directly (fp8_direct); the rest read them as the bf16 copy.
+  const bool fp8_direct = fp8 && kernels::MlaAttentionReadsFp8Directly(p);
   if (a.sequences != nullptr) {
+    bool any_prefill = false;
+    for (int32_t i = 0; i < a.num_sequences; ++i) {
+      any_prefill = any_prefill || UsesTensorCoreAttention(a.sequences[i]);
+    }
     bool copied = false;
-    if (fp8) {
+    if (fp8 && (any_prefill || !fp8_direct)) {
       PhaseTimer phase(this, "MlaAttention/fp8-gather", true);
       if (!Check(CopyFp8Spans(this, stream_, a.cache, a.block_tables, a.max_blocks_per_seq,
                               a.sequences, a.num_sequences, &copy, &copied),
@@ -386,10 +397,10 @@ void CudaBackend::MlaAttention(const MlaAttentionArgs& a) {
   }
   if (prefill.empty()) {
     auto decode = [&](const kernels::MlaAttentionParams& q) {
-      if (decode_small(q)) return;
+      if (!fp8_direct && decode_small(q)) return;
       Check(kernels::MlaAttentionF32(q, stream_), "kernels::MlaAttentionF32");
     };
-    if (fp8 && a.sequences == nullptr && a.max_blocks_per_seq > 0) {
+    if (fp8 && !fp8_direct && a.sequences == nullptr && a.max_blocks_per_seq > 0) {
       // No spans (a recorded decode step): token t's row of the copy holds its own context, up
       // to the block table's width, and the tokens run in as few equal chunks as keep the copy
       // within kFp8CopyMaxBytes (the chunks reuse one copy, in stream order).

@@ -2,14 +2,13 @@
 // reference: the cache write (the same bytes), the norm + rope + cache write and its form with
 // the W_uk product (the same values within the rounding of one e4m3 step where the fp32 inputs
 // differ in the last bit), and MLA attention over the same FP8 entries, eager and replayed from
-// a recording, decode and prefill-sized spans, and the non-absorbed prefill: both run the bf16
-// cache's tensor-core kernels over a bf16 copy of the entries (kernels::GatherFp8LatentCacheBf16,
-// the "fp8-gather" phases of the op report), so decode gives the bits of the bf16 cache holding
-// the entries rounded to bf16, and every result is within the bf16 kernels' tolerances of the CPU
-// over the FP8 entries. One decode token at a context up to
-// CudaTuning::mla_decode_small_max_context runs kernels::MlaDecodeSmall on the FP8 entries
-// themselves (no gather phase), eager and replayed, with the bits of the same call over the
-// bf16 cache of the rounded entries.
+// a recording, decode and prefill-sized spans, and the non-absorbed prefill. Decode reads the FP8
+// entries directly (no "fp8-gather" phase in the op report): one token at a context up to
+// CudaTuning::mla_decode_small_max_context by kernels::MlaDecodeSmall, other decode calls by the
+// key-split or 64-head wgmma kernel; prefill runs over a bf16 copy of the entries
+// (kernels::GatherFp8LatentCacheBf16, the "fp8-gather" phases). Either way decode gives the bits
+// of the bf16 cache holding the entries rounded to bf16, and every result is within the bf16
+// kernels' tolerances of the CPU over the FP8 entries.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -185,11 +184,12 @@ TEST_F(CudaBackendFp8CacheTest, NormRopeWriteLatentCacheMatchesCpu) {
 
 // MLA attention over one FP8 cache (the CPU's bytes uploaded, so both read the same entries;
 // contexts of 1 .. 300 positions in shuffled blocks): decode tokens (eager with spans, and
-// replayed from a recording without them: the token rows of the copy) and prefill-sized spans.
-// The bf16 copy's gather runs (its phase in the op report, eager calls), decode gives the bits of
-// the same call over a bf16 cache holding the entries rounded to bf16 (the same tensor-core
-// kernel on the same values), and every result is within the bf16 kernels' tolerances of the CPU
-// over those rounded entries. (Against the CPU over the unrounded FP8 entries the random scores
+// replayed from a recording without them) and prefill-sized spans. Decode reads the FP8 entries
+// directly (the key-split kernel; no gather phase in the op report of the eager call) and gives
+// the bits of the same call over a bf16 cache holding the entries rounded to bf16 (the same
+// kernel on the same values); prefill spans run the bf16 copy's gather (its phase, once) and the
+// tensor-core prefill. Every result is within the bf16 kernels' tolerances of the CPU over those
+// rounded entries. (Against the CPU over the unrounded FP8 entries the random scores
 // here are sensitive enough that the entries' bf16 rounding alone moved 12 of 3M prefill outputs
 // by ~0.05: no bound at the kernels' tolerances holds.)
 TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
@@ -306,7 +306,9 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
       gpu_->MlaAttention(g);
       const std::string report = gpu_->TakeOpTimingReport();
       gpu_->SetOpTiming(false);
-      EXPECT_EQ(CallsOf(report, "MlaAttention/fp8-gather"), 1) << report;
+      // (-1: no such line in the report.)
+      EXPECT_EQ(CallsOf(report, "MlaAttention/fp8-gather"), decode ? -1 : 1) << report;
+      EXPECT_EQ(CallsOf(report, "MlaAttention"), 1) << report;
       gpu_->MlaAttention(g16);
     }
     ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
@@ -338,8 +340,8 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
 // the same cluster shape), within fp32 tolerances of the CPU over those rounded entries (the
 // kernel's math is fp32 on the exact rounded values), and the same bits replayed from a
 // recording whose class bound (max_context_hint) is at most the maximum. With a bound above it
-// the recording runs the copy and the key-split kernel: the bits of that path over the bf16
-// cache, and not the one-launch kernel's (which tells the two paths apart).
+// the recording runs the key-split kernel (on the FP8 entries): the bits of that kernel over the
+// bf16 cache, and not the one-launch kernel's (which tells the two paths apart).
 TEST_F(CudaBackendFp8CacheTest, OneDecodeTokenReadsTheFp8EntriesWithoutACopy) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -455,7 +457,7 @@ TEST_F(CudaBackendFp8CacheTest, OneDecodeTokenReadsTheFp8EntriesWithoutACopy) {
     EXPECT_TRUE(AllClose(eager, want, 1e-4, 5e-4));
 
     // Replayed without spans: the class bound at the maximum (the one-launch kernel), then above
-    // it (the copy and the key-split kernel).
+    // it (the key-split kernel).
     for (const int32_t hint : {max_context, max_context + 1}) {
       SCOPED_TRACE(::testing::Message() << "replayed, max_context_hint " << hint);
       MlaAttentionArgs r = g, r16 = g16;
@@ -483,77 +485,93 @@ TEST_F(CudaBackendFp8CacheTest, OneDecodeTokenReadsTheFp8EntriesWithoutACopy) {
   }
 }
 
-// Two decode tokens replayed from a recording whose block table is too wide for the copy of both
-// at once (the copy's cap, kFp8CopyMaxBytes, is 512 MiB): at 2^14 blocks of 16 a row (288 MiB of
-// copy a token) the tokens run one a chunk and agree with the same call over a bf16 cache of the
-// rounded entries within twice the key-split kernel's bound (the split counts differ with the
-// token count); at 2^16 (1.125 GiB a token) the call reads the FP8 entries with the CUDA-core
-// kernel, fp32 math, within fp32 tolerances of the CPU.
-TEST_F(CudaBackendFp8CacheTest, WideTablesRunTheTokensInChunksOrReadTheFp8Entries) {
+// Decode tokens replayed from a recording whose block table is wider than the bf16 copy's cap
+// allows (kFp8CopyMaxBytes, 512 MiB: at 2^14 blocks of 16 a row the copy takes 288 MiB a token,
+// at 2^16 1.125 GiB). 16 heads at 2 tokens (the key-split kernel) and 128 heads at 16 tokens
+// (the 64-head wgmma kernel on compute capability 9.0): the kernel reads the FP8 entries whatever
+// the width (no copy), the bits of the same call over a bf16 cache of the rounded entries. One
+// token at a short context: the one-token kernel reads the FP8 entries at both widths (the bits
+// of the bf16 cache's call). Every result is within the bf16-operand bound of the CPU over the
+// rounded entries with Q rounded to bf16 (the one-token kernel: within fp32 tolerances of the CPU
+// over unrounded Q).
+TEST_F(CudaBackendFp8CacheTest, WideTablesReadTheFp8Entries) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const std::vector<int32_t> lens = {300, 45};
-  const int32_t seqs = 2, used_blocks = 19;
-  const int32_t num_blocks = seqs * used_blocks;
-  std::mt19937 gen(seed);
-  std::vector<int32_t> perm(num_blocks), slots;
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), gen);
-  const int64_t cached = lens[0] + lens[1];
-  const std::vector<float> kv = VariedEntries(cached, seed + 1, /*binades=*/1.0f);
-  const auto q_latent = testing::RandomFloats(int64_t{seqs} * kHeads * kLatent, seed + 2);
-  const auto q_rope = testing::RandomFloats(int64_t{seqs} * kHeads * kRope, seed + 3);
-  auto dql = Upload(q_latent), dqr = Upload(q_rope);
-  auto dseq = UploadInts({0, 1}), dctx = UploadInts(lens);
-  for (const int32_t width : {1 << 14, 1 << 16}) {
-    SCOPED_TRACE(::testing::Message() << "table width " << width);
-    std::vector<int32_t> tables(static_cast<size_t>(seqs) * width, 0);
-    slots.clear();
-    for (int32_t s = 0; s < seqs; ++s) {
-      for (int32_t b = 0; b < used_blocks; ++b) tables[s * width + b] = perm[s * used_blocks + b];
-      for (int32_t p = 0; p < lens[s]; ++p) {
-        slots.push_back(tables[s * width + p / kBlock] * kBlock + p % kBlock);
+  const int32_t used_blocks = 19;
+  struct Shape {
+    int32_t heads, seqs;
+    bool short_hint;  // max_context_hint 300: the one-token kernel's range
+  };
+  for (const Shape& shape : {Shape{16, 2, false}, Shape{128, 16, false}, Shape{16, 1, true}}) {
+    const int32_t heads = shape.heads, seqs = shape.seqs;
+    SCOPED_TRACE(::testing::Message() << heads << " heads, " << seqs << " tokens");
+    std::vector<int32_t> lens;
+    for (int32_t s = 0; s < seqs; ++s) lens.push_back(s == 0 ? 300 : 1 + (s * 45) % 300);
+    const int32_t num_blocks = seqs * used_blocks;
+    std::mt19937 gen(seed);
+    std::vector<int32_t> perm(num_blocks), slots;
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), gen);
+    int64_t cached = 0;
+    for (int32_t len : lens) cached += len;
+    const std::vector<float> kv = VariedEntries(cached, seed + 1, /*binades=*/1.0f);
+    const auto q_latent = testing::RandomFloats(int64_t{seqs} * heads * kLatent, seed + 2);
+    const auto q_rope = testing::RandomFloats(int64_t{seqs} * heads * kRope, seed + 3);
+    std::vector<float> q_latent16 = q_latent, q_rope16 = q_rope;
+    for (float& x : q_latent16) x = RoundToBf16(x);
+    for (float& x : q_rope16) x = RoundToBf16(x);
+    std::vector<int32_t> token_seq(seqs);
+    std::iota(token_seq.begin(), token_seq.end(), 0);
+    auto dql = Upload(q_latent), dqr = Upload(q_rope);
+    auto dseq = UploadInts(token_seq), dctx = UploadInts(lens);
+    for (const int32_t width : {1 << 14, 1 << 16}) {
+      SCOPED_TRACE(::testing::Message() << "table width " << width);
+      std::vector<int32_t> tables(static_cast<size_t>(seqs) * width, 0);
+      slots.clear();
+      for (int32_t s = 0; s < seqs; ++s) {
+        for (int32_t b = 0; b < used_blocks; ++b) tables[s * width + b] = perm[s * used_blocks + b];
+        for (int32_t p = 0; p < lens[s]; ++p) {
+          slots.push_back(tables[s * width + p / kBlock] * kBlock + p % kBlock);
+        }
       }
-    }
-    std::vector<uint8_t> cache(static_cast<size_t>(num_blocks) * kBlock * kEntryBytes, 0);
-    cpu_.WriteLatentCache(cached, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
-                          View(cache.data()));
-    const std::vector<uint16_t> rounded = RoundedToBf16(cache);
-    auto dcache = gpu_->Allocate(cache.size());
-    gpu_->CopyToDevice(cache.data(), cache.size(), dcache->data());
-    auto drounded = gpu_->Allocate(rounded.size() * sizeof(uint16_t));
-    gpu_->CopyToDevice(rounded.data(), rounded.size() * sizeof(uint16_t), drounded->data());
-    auto dtables = UploadInts(tables);
-    const size_t out_size = static_cast<size_t>(seqs) * kHeads * kLatent;
-    auto out = Poisoned(out_size), out16 = Poisoned(out_size);
-    MlaAttentionArgs g;
-    g.num_tokens = seqs;
-    g.num_heads = kHeads;
-    g.q_latent = dql->as<float>();
-    g.q_rope = dqr->as<float>();
-    g.q_rope_token_stride = kHeads * kRope;
-    g.q_rope_head_stride = kRope;
-    g.cache = View(dcache->data());
-    g.block_tables = dtables->as<int32_t>();
-    g.max_blocks_per_seq = width;
-    g.token_seq = dseq->as<int32_t>();
-    g.context_len = dctx->as<int32_t>();
-    g.softmax_scale = 0.0721f;
-    g.max_context_hint = width * kBlock;
-    MlaAttentionArgs g16 = g;
-    g16.cache = {drounded->data(), kBlock, kLatent, kRope, WeightDType::kBFloat16};
-    g.out_latent = out->as<float>();
-    g16.out_latent = out16->as<float>();
-    auto ops = Record([&] {
-      gpu_->MlaAttention(g);
-      gpu_->MlaAttention(g16);
-      return true;
-    });
-    ASSERT_NE(ops, nullptr);
-    ASSERT_TRUE(ops->Replay().ok());
-    ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
-    const std::vector<float> got = Download(*out), got16 = Download(*out16);
-    if (width == (1 << 14)) {
+      std::vector<uint8_t> cache(static_cast<size_t>(num_blocks) * kBlock * kEntryBytes, 0);
+      cpu_.WriteLatentCache(cached, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
+                            View(cache.data()));
+      std::vector<uint16_t> rounded = RoundedToBf16(cache);
+      auto dcache = gpu_->Allocate(cache.size());
+      gpu_->CopyToDevice(cache.data(), cache.size(), dcache->data());
+      auto drounded = gpu_->Allocate(rounded.size() * sizeof(uint16_t));
+      gpu_->CopyToDevice(rounded.data(), rounded.size() * sizeof(uint16_t), drounded->data());
+      auto dtables = UploadInts(tables);
+      const size_t out_size = static_cast<size_t>(seqs) * heads * kLatent;
+      auto out = Poisoned(out_size), out16 = Poisoned(out_size);
+      MlaAttentionArgs g;
+      g.num_tokens = seqs;
+      g.num_heads = heads;
+      g.q_latent = dql->as<float>();
+      g.q_rope = dqr->as<float>();
+      g.q_rope_token_stride = int64_t{heads} * kRope;
+      g.q_rope_head_stride = kRope;
+      g.cache = View(dcache->data());
+      g.block_tables = dtables->as<int32_t>();
+      g.max_blocks_per_seq = width;
+      g.token_seq = dseq->as<int32_t>();
+      g.context_len = dctx->as<int32_t>();
+      g.softmax_scale = 0.0721f;
+      g.max_context_hint = shape.short_hint ? 300 : width * kBlock;
+      MlaAttentionArgs g16 = g;
+      g16.cache = {drounded->data(), kBlock, kLatent, kRope, WeightDType::kBFloat16};
+      g.out_latent = out->as<float>();
+      g16.out_latent = out16->as<float>();
+      auto ops = Record([&] {
+        gpu_->MlaAttention(g);
+        gpu_->MlaAttention(g16);
+        return true;
+      });
+      ASSERT_NE(ops, nullptr);
+      ASSERT_TRUE(ops->Replay().ok());
+      ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
+      const std::vector<float> got = Download(*out), got16 = Download(*out16);
       double max_latent = 0.0;
       for (int64_t e = 0; e < static_cast<int64_t>(rounded.size()) / kEntry; ++e) {
         for (int32_t i = 0; i < kLatent; ++i) {
@@ -561,21 +579,33 @@ TEST_F(CudaBackendFp8CacheTest, WideTablesRunTheTokensInChunksOrReadTheFp8Entrie
               std::max<double>(max_latent, std::fabs(Bf16BitsToFloat(rounded[e * kEntry + i])));
         }
       }
-      EXPECT_TRUE(AllClose(got, got16, 2.0 * (max_latent / 512.0 + 1e-4), 1e-3));
-    } else {
-      // The CUDA-core kernel over the FP8 entries: fp32 math, the CPU's values.
       std::vector<float> want(out_size);
       MlaAttentionArgs a = g;
-      a.q_latent = q_latent.data();
-      a.q_rope = q_rope.data();
-      a.cache = View(cache.data());
+      a.q_latent = q_latent16.data();
+      a.q_rope = q_rope16.data();
+      a.cache = {rounded.data(), kBlock, kLatent, kRope, WeightDType::kBFloat16};
       a.block_tables = tables.data();
-      const std::vector<int32_t> token_seq = {0, 1};
       a.token_seq = token_seq.data();
       a.context_len = lens.data();
       a.out_latent = want.data();
       cpu_.MlaAttention(a);
-      EXPECT_TRUE(AllClose(got, want, 1e-4, 1e-4));
+      const double atol = max_latent / 512.0 + 1e-4;
+      if (!shape.short_hint) {
+        EXPECT_TRUE(AllClose(got, want, atol, 5e-4));
+        EXPECT_TRUE(AllClose(got16, want, atol, 5e-4));
+        EXPECT_TRUE(testing::SameBits(got, got16, out_size));
+        continue;
+      }
+      // One token: both calls run the one-token kernel (fp32 math on Q itself: within fp32
+      // tolerances of the CPU over unrounded Q), or on a device without it the key-split kernel
+      // (the bound above); the FP8 call on the FP8 entries, with the bf16 call's bits.
+      std::vector<float> want_f32(out_size);
+      a.q_latent = q_latent.data();
+      a.q_rope = q_rope.data();
+      a.out_latent = want_f32.data();
+      cpu_.MlaAttention(a);
+      EXPECT_TRUE(AllClose(got16, want_f32, 1e-4, 1e-4) || AllClose(got16, want, atol, 5e-4));
+      EXPECT_TRUE(testing::SameBits(got, got16, out_size));
     }
   }
 }
