@@ -3,7 +3,8 @@
 // compiled here in one translation unit:
 //   mla_decode_grouped.cuh   MlaGroupedKernel (CUDA cores)
 //   mla_decode_mma.cuh       MlaBf16MmaKernel (tensor cores, mma_variant 4)
-//   mla_decode_key_split.cuh MlaBf16KeySplitKernel (tensor cores, mma_variant 9)
+//   mla_decode_key_split.cuh MlaBf16KeySplitKernel (tensor cores, mma_variant 9; its ring form
+//                            with one block per SM, mma_variant 11)
 //   mla_split_combine.cuh    MlaCombineKernel / MlaCombineWideKernel
 // and, in its own sm_90a translation unit, mla_decode_wgmma.cu: the 64-head wgmma kernel
 // (mma_variant 10, the default where it applies: num_heads a multiple of 64, latent 512 +
@@ -90,6 +91,8 @@ using mla::kMmaMaxLatent;
 using mla::kMmaThreads;
 using mla::kMmaWarps;
 using mla::kSplitLatent;
+using mla::kSplitRingSmemBytes;
+using mla::kSplitRingStages;
 using mla::kSplitRope;
 using mla::kSplitSmemBytes;
 using mla::kWideCombineCols;
@@ -172,6 +175,7 @@ struct GroupedPlan {
   size_t smem = 0;
   bool mma = false;
   bool key_split = false;  // MlaBf16KeySplitKernel (Q and P rounded to bf16)
+  bool ring = false;       // its ring form (kSplitRingStages key tiles, variant 11)
   bool reads_fp8 = false;  // the key-split or wgmma kernel over the FP8 entries (kFp8)
   bool wgmma = false;      // the 64-head wgmma kernel (LaunchMlaWgmma; Q and P rounded to bf16)
   int cluster = 0;         // the cluster merge: blocks per cluster (= splits), else 0
@@ -182,39 +186,51 @@ struct GroupedPlan {
 
 // MlaAttentionParams::mma_variant of the kernels (numbers kept from when more variants existed:
 // users pass them): MlaBf16MmaKernel (4), the key-split kernel (9: with the cluster merge
-// where the split count allows it) and the 64-head wgmma kernel (10).
+// where the split count allows it), the 64-head wgmma kernel (10) and the key-split kernel's
+// ring form (11).
 constexpr int kMmaVariant = 4;
 constexpr int kKeySplitVariant = 9;
 constexpr int kWgmmaVariant = 10;
-static_assert(kWgmmaVariant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
+constexpr int kKeySplitRingVariant = 11;
+static_assert(kKeySplitRingVariant == kMaxMlaMmaVariant, "mla_attention.h documents the variants");
 static_assert(MlaMmaVariantIsValid(kMmaVariant) && MlaMmaVariantIsValid(kKeySplitVariant) &&
-                  MlaMmaVariantIsValid(kWgmmaVariant),
+                  MlaMmaVariantIsValid(kWgmmaVariant) && MlaMmaVariantIsValid(kKeySplitRingVariant),
               "mla_attention.h lists the variants");
 
-// The key-split kernel and its cluster-merge form, over a bf16 cache or the FP8 entries.
-GroupedKernelFn KeySplitKernel(bool fp8) {
+// The key-split kernel (ring: its ring form) and its cluster-merge form, over a bf16 cache or
+// the FP8 entries.
+GroupedKernelFn KeySplitKernel(bool fp8, bool ring) {
+  if (ring) {
+    return fp8 ? MlaBf16KeySplitKernel<false, true, kSplitRingStages>
+               : MlaBf16KeySplitKernel<false, false, kSplitRingStages>;
+  }
   return fp8 ? MlaBf16KeySplitKernel<false, true> : MlaBf16KeySplitKernel<false, false>;
 }
-GroupedKernelFn ClusterMergeKernel(bool fp8) {
+GroupedKernelFn ClusterMergeKernel(bool fp8, bool ring) {
+  if (ring) {
+    return fp8 ? MlaBf16KeySplitKernel<true, true, kSplitRingStages>
+               : MlaBf16KeySplitKernel<true, false, kSplitRingStages>;
+  }
   return fp8 ? MlaBf16KeySplitKernel<true, true> : MlaBf16KeySplitKernel<true, false>;
 }
+size_t KeySplitSmem(bool ring) { return ring ? kSplitRingSmemBytes : kSplitSmemBytes; }
 
-// Whether the cluster kernel (over FP8 entries: fp8) runs clusters of `splits` blocks on this
-// device (sm_90 code, cluster launch, at least one such cluster schedulable); once per (splits,
-// device, fp8).
-cudaError_t ClusterMergeRuns(int splits, int device, bool fp8, bool* out) {
+// Whether the cluster kernel (over FP8 entries: fp8; the ring form: ring) runs clusters of
+// `splits` blocks on this device (sm_90 code, cluster launch, at least one such cluster
+// schedulable); once per (splits, device, fp8, ring).
+cudaError_t ClusterMergeRuns(int splits, int device, bool fp8, bool ring, bool* out) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, bool>, bool>* cache =
-      new std::map<std::tuple<int, int, bool>, bool>();
+  static std::map<std::tuple<int, int, bool, bool>, bool>* cache =
+      new std::map<std::tuple<int, int, bool, bool>, bool>();
   std::lock_guard<std::mutex> lock(mu);
-  const GroupedKernelFn kernel = ClusterMergeKernel(fp8);
-  const auto key = std::make_tuple(splits, device, fp8);
+  const GroupedKernelFn kernel = ClusterMergeKernel(fp8, ring);
+  const auto key = std::make_tuple(splits, device, fp8, ring);
   auto it = cache->find(key);
   if (it != cache->end()) {
     *out = it->second;
     return cudaSuccess;
   }
-  const size_t smem = kSplitSmemBytes;
+  const size_t smem = KeySplitSmem(ring);
   const KernelFacts k =
       KernelFactsFor(reinterpret_cast<const void*>(kernel), device, kAllSharedMemory);
   if (k.error != cudaSuccess) return k.error;
@@ -251,15 +267,15 @@ cudaError_t ClusterMergeRuns(int splits, int device, bool fp8, bool* out) {
 // (docs/cuda/bf16-and-kv-cache.md); shapes it does not take run variant 4.
 constexpr int kDefaultMmaVariant = kKeySplitVariant;
 
-// True when the key-split kernel takes these params (given the device's shared-memory limit):
-// latent 512 + rope 64, a bf16 cache or an FP8 one whose rope key is 16-byte aligned in the entry
-// (PlanGrouped has checked Fp8LatentCacheLayoutValid: entries of whole 16-byte pieces), 16-byte
-// aligned (whole-piece cp.async copies).
-bool KeySplitFits(const MlaAttentionParams& p, int max_smem) {
+// True when the key-split kernel (ring: its ring form) takes these params (given the device's
+// shared-memory limit): latent 512 + rope 64, a bf16 cache or an FP8 one whose rope key is
+// 16-byte aligned in the entry (PlanGrouped has checked Fp8LatentCacheLayoutValid: entries of
+// whole 16-byte pieces), 16-byte aligned (whole-piece cp.async copies).
+bool KeySplitFits(const MlaAttentionParams& p, int max_smem, bool ring) {
   return (IsBf16(p) || (IsFp8(p) && p.cache.fp8_rope_offset % 16 == 0)) &&
          p.cache.latent_dim == kSplitLatent && p.cache.rope_dim == kSplitRope &&
          reinterpret_cast<uintptr_t>(p.cache.cache) % 16 == 0 &&
-         kSplitSmemBytes <= static_cast<size_t>(max_smem);
+         KeySplitSmem(ring) <= static_cast<size_t>(max_smem);
 }
 
 // True when the 64-head wgmma kernel takes these params on `device`: a bf16 cache, or an FP8 one
@@ -316,26 +332,29 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   // Variant 10 where its kernel does not take the params: the default's choice.
   int variant = p.mma_variant == 0 || p.mma_variant == kWgmmaVariant ? kDefaultMmaVariant
                                                                       : p.mma_variant;
-  const bool key_split = variant == kKeySplitVariant;
+  const bool ring = variant == kKeySplitRingVariant;
+  const bool key_split = variant == kKeySplitVariant || ring;
   GroupedKernelFn mma_kernel =
-      key_split ? KeySplitKernel(IsFp8(p)) : MmaKernelFor(p.cache.latent_dim);
+      key_split ? KeySplitKernel(IsFp8(p), ring) : MmaKernelFor(p.cache.latent_dim);
   if (key_split) {
     // Shapes (or devices) the key-split kernel does not take run variant 4.
     KernelFacts facts;
     e = FactsFor(mma_kernel, device, &facts);
     if (e != cudaSuccess) return e;
-    if (!KeySplitFits(p, facts.max_smem)) {
+    if (!KeySplitFits(p, facts.max_smem, ring)) {
       variant = kMmaVariant;
       mma_kernel = MmaKernelFor(p.cache.latent_dim);
     }
   }
-  plan->mma = UseMma(p, mma_kernel, device, /*reads_fp8=*/variant == kKeySplitVariant);
-  plan->key_split = plan->mma && variant == kKeySplitVariant;
+  const bool key_split_runs = variant == kKeySplitVariant || variant == kKeySplitRingVariant;
+  plan->mma = UseMma(p, mma_kernel, device, /*reads_fp8=*/key_split_runs);
+  plan->key_split = plan->mma && key_split_runs;
+  plan->ring = plan->key_split && ring;
   plan->reads_fp8 = plan->key_split && IsFp8(p);
   if (plan->mma) {
     plan->kernel = mma_kernel;
     plan->threads = kMmaThreads;
-    plan->smem = plan->key_split ? kSplitSmemBytes : MmaSmemBytes(dim);
+    plan->smem = plan->key_split ? KeySplitSmem(plan->ring) : MmaSmemBytes(dim);
   } else {
     plan->kernel = IsBf16(p)  ? GroupedKernelFor<__nv_bfloat16>(p.cache.latent_dim)
                    : IsFp8(p) ? GroupedKernelFor<Fp8Entry>(p.cache.latent_dim)
@@ -364,10 +383,10 @@ cudaError_t PlanGrouped(const MlaAttentionParams& p, GroupedPlan* plan) {
   if (plan->key_split && plan->num_splits >= 2 && plan->num_splits <= kMlaClusterMergeMaxSplits &&
       reinterpret_cast<uintptr_t>(p.out_latent) % 16 == 0) {
     bool runs = false;
-    e = ClusterMergeRuns(plan->num_splits, device, plan->reads_fp8, &runs);
+    e = ClusterMergeRuns(plan->num_splits, device, plan->reads_fp8, plan->ring, &runs);
     if (e != cudaSuccess) return e;
     if (runs) {
-      plan->kernel = ClusterMergeKernel(plan->reads_fp8);
+      plan->kernel = ClusterMergeKernel(plan->reads_fp8, plan->ring);
       plan->cluster = plan->num_splits;
       plan->workspace_bytes = 0;
       return cudaSuccess;
@@ -383,6 +402,12 @@ const char* MlaAttentionKernelName(const MlaAttentionParams& params) {
   GroupedPlan plan;
   if (PlanGrouped(params, &plan) != cudaSuccess) return "invalid";
   if (plan.wgmma) return plan.reads_fp8 ? "wgmma_fp8_64_heads" : "wgmma_bf16_64_heads";
+  if (plan.ring && plan.reads_fp8) {
+    return plan.cluster > 0 ? "mma_fp8_key_split_ring_cluster" : "mma_fp8_key_split_ring";
+  }
+  if (plan.ring) {
+    return plan.cluster > 0 ? "mma_bf16_key_split_ring_cluster" : "mma_bf16_key_split_ring";
+  }
   if (plan.reads_fp8) return plan.cluster > 0 ? "mma_fp8_key_split_cluster" : "mma_fp8_key_split";
   if (plan.cluster > 0) return "mma_bf16_key_split_cluster";
   if (plan.key_split) return "mma_bf16_key_split";
@@ -403,7 +428,7 @@ bool MlaAttentionReadsFp8Directly(const MlaAttentionParams& params) {
   bf16.cache.type = LatentCacheType::kBFloat16;
   GroupedPlan plan;
   return PlanGrouped(bf16, &plan) == cudaSuccess && plan.key_split == fp8.key_split &&
-         plan.wgmma == fp8.wgmma && plan.num_splits == fp8.num_splits &&
+         plan.ring == fp8.ring && plan.wgmma == fp8.wgmma && plan.num_splits == fp8.num_splits &&
          plan.cluster == fp8.cluster;
 }
 

@@ -71,8 +71,9 @@ struct MlaAttentionParams {
   // Context splits per (token, head group); 0 picks them from the token count and the
   // device's SM count so that even one decode token fills the GPU. Tests and the benchmark set it.
   int32_t num_splits = 0;
-  // bf16 cache, tensor-core kernel (MlaMmaVariantIsValid: 0, 4 or 9; the other numbers belonged
-  // to variants removed after measuring slower, docs/cuda/bf16-and-kv-cache.md): 4: 32-key chunks,
+  // bf16 cache, tensor-core kernel (MlaMmaVariantIsValid: 0, 4, 9, 10 or 11; the other numbers
+  // belonged to variants removed after measuring slower, docs/cuda/bf16-and-kv-cache.md): 4:
+  // 32-key chunks,
   // double-buffered, 2 blocks per SM, warps splitting the dot product, Q and P as bf16 hi + lo
   // pairs; 9: the key-split kernel, FlashMLA's work split: 32-key tiles, each warp scoring a
   // quarter of the keys over the whole dot product and owning a quarter of the output columns,
@@ -92,6 +93,11 @@ struct MlaAttentionParams {
   // it takes num_heads a multiple of 64, latent 512 + rope 64, a 16-byte aligned cache (bf16, or
   // FP8 read as 9 reads it: the bits of 10 over the bf16 copy), on a compute capability 9.0
   // device; other params given 10 run the default's choice.
+  // 11: the key-split kernel's ring form (mla_decode_key_split.cuh, kSplitRingStages): 9's
+  // math, tiles, split merge and FP8 reading, with a ring of 4 key tiles (3 in flight while one
+  // is computed) and one block per SM (so the automatic split count is about half of 9's); the
+  // shapes and caches 9 takes, at any head count (groups of 16 heads); other shapes run 4. Not
+  // chosen by the default (mla_attention_bench h16 times it beside 9).
   // 0 = the default: 10 where it takes the params and there are at least
   // kMlaWgmmaDefaultMinTokens tokens, else 9, else 4 for shapes 9 does not take
   // (docs/kernels/attention.md; an FP8 cache: the same choice, the CUDA-core kernel where 9
@@ -116,15 +122,16 @@ cudaError_t WriteLatentCacheF32(int64_t tokens, const float* latent, int64_t ld_
 // The largest num_splits MlaAttentionF32 accepts.
 constexpr int32_t kMaxMlaSplits = 64;
 // The largest MlaAttentionParams::mma_variant.
-constexpr int32_t kMaxMlaMmaVariant = 10;
+constexpr int32_t kMaxMlaMmaVariant = 11;
 // Whether MlaAttentionF32 accepts `variant` as MlaAttentionParams::mma_variant: 0 (the default),
-// 4, 9 or 10 (kMlaMmaVariantList; the numbers of removed variants are rejected, the others keep
-// their meaning).
+// 4, 9, 10 or 11 (kMlaMmaVariantList; the numbers of removed variants are rejected, the others
+// keep their meaning).
 constexpr bool MlaMmaVariantIsValid(int32_t variant) {
-  return variant == 0 || variant == 4 || variant == 9 || variant == kMaxMlaMmaVariant;
+  return variant == 0 || variant == 4 || variant == 9 || variant == 10 ||
+         variant == kMaxMlaMmaVariant;
 }
 // The valid values, for error messages.
-constexpr char kMlaMmaVariantList[] = "0, 4, 9, 10";
+constexpr char kMlaMmaVariantList[] = "0, 4, 9, 10, 11";
 // Variant 9 merges its splits in a thread-block cluster at 2 to this many splits (clusters of 4
 // measured slower than the workspace + combine on the H200, docs/cuda/bf16-and-kv-cache.md); other
 // split counts write the workspace.
@@ -142,23 +149,26 @@ cudaError_t MlaAttentionF32(const MlaAttentionParams& params, cudaStream_t strea
 // "mma_bf16_key_split" (the same, variant 9's kernel: latent 512 + rope 64, a 16-byte
 // aligned cache), "mma_bf16_key_split_cluster" (variant 9 with its cluster merge: 2-3 splits,
 // sm_90, a 16-byte aligned out_latent), "mma_fp8_key_split" and "mma_fp8_key_split_cluster"
-// (the same kernel over an FP8 cache's entries), "wgmma_bf16_64_heads" (variant 10's kernel: 64
+// (the same kernel over an FP8 cache's entries), "mma_bf16_key_split_ring",
+// "mma_bf16_key_split_ring_cluster", "mma_fp8_key_split_ring" and "mma_fp8_key_split_ring_cluster"
+// (variant 11's ring form of that kernel), "wgmma_bf16_64_heads" (variant 10's kernel: 64
 // heads a block, sm_90a), "wgmma_fp8_64_heads" (the same over FP8 entries), "grouped_bf16"
 // (other bf16 shapes: CUDA cores, keys
 // widened to fp32 in shared memory), "grouped_f32", or "invalid". For tests and the benchmark.
 const char* MlaAttentionKernelName(const MlaAttentionParams& params);
 
 // True when MlaAttentionF32 runs these params with Q and P rounded to bf16 (variant 9's
-// key-split kernel or variant 10's wgmma kernel; false for invalid params): its results then match a reference over Q
-// rounded to bf16 to within P's rounding, 2^-9 * max |latent| per output element (tests).
+// key-split kernel, its ring form (11) or variant 10's wgmma kernel; false for invalid params):
+// its results then match a reference over Q rounded to bf16 to within P's rounding, 2^-9 * max
+// |latent| per output element (tests).
 bool MlaAttentionBf16Operands(const MlaAttentionParams& params);
 
 // True when params' cache is FP8 and MlaAttentionF32 runs them on the kernel, split count and
-// merge it would run over a bf16 cache of the same shape (the key-split or 64-head wgmma kernel,
-// which read FP8 entries themselves): the output is then bit for bit that of the call over the
-// bf16 copy of the entries that GatherFp8LatentCacheBf16 writes (mla_fp8_gather.h), so a caller
-// need not make the copy. False where the bf16 cache would run another kernel (variant 4, other
-// shapes) or for invalid params.
+// merge it would run over a bf16 cache of the same shape (the key-split kernel in either form, or
+// the 64-head wgmma kernel, which read FP8 entries themselves): the output is then bit for bit
+// that of the call over the bf16 copy of the entries that GatherFp8LatentCacheBf16 writes
+// (mla_fp8_gather.h), so a caller need not make the copy. False where the bf16 cache would run
+// another kernel (variant 4, other shapes) or for invalid params.
 bool MlaAttentionReadsFp8Directly(const MlaAttentionParams& params);
 
 // Bytes of workspace MlaAttentionF32 needs for these params on the current device (0 when it

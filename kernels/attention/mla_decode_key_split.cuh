@@ -1,7 +1,10 @@
-// MlaBf16KeySplitKernel: the key-split tensor-core MLA decode kernel (mma_variant 9, the
-// default) for latent 512 + rope 64, with its cluster merge of 2-3 splits, over a bf16 cache or
-// an FP8 one (kFp8 below: the entries' bytes staged in the key tile and converted there into the
-// bf16 values that mla_fp8_gather.h's copy holds). Included only by mla_attention.cu.
+// MlaBf16KeySplitKernel: the key-split tensor-core MLA decode kernel for latent 512 + rope 64,
+// with its cluster merge of 2-3 splits, over a bf16 cache or an FP8 one (kFp8 below: the entries'
+// bytes staged in the key tile and converted there into the bf16 values that mla_fp8_gather.h's
+// copy holds), in two forms: kStages = 2 (mma_variant 9, the default below 16 tokens or for head
+// counts that are not a multiple of 64: double-buffered, two blocks per SM) and kStages =
+// kSplitRingStages (mma_variant 11: a ring of key tiles, one block per SM; the arithmetic that
+// sizes it is at kSplitRingStages). Included only by mla_attention.cu.
 #ifndef DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_KEY_SPLIT_CUH_
 #define DEEPINFER_KERNELS_ATTENTION_MLA_DECODE_KEY_SPLIT_CUH_
 
@@ -58,21 +61,55 @@ constexpr int kSplitTableSlots = 256;
 constexpr int kSplitTablePerThread = kSplitTableSlots / kMmaThreads;  // loads per thread: 2
 static_assert(kSplitTableSlots % kMmaThreads == 0, "whole table loads per thread");
 
-// Shared memory: Q fragments [k-step][lane] (uint4), keys [2][kSplitKeys][kSplitLd] (bf16), P
-// fragments [P·V k-step][lane] (uint4; the space of two parts is kept), row maxima and row sums
-// [warp][16] (fp32), and the block-table entries [kSplitTableSlots] (int32).
-constexpr size_t kSplitSmemBytes = size_t{kSplitKSteps} * 32 * sizeof(uint4) +
-                                   size_t{2} * kSplitKeys * kSplitLd * sizeof(__nv_bfloat16) +
-                                   static_cast<size_t>(kSplitKeys / 16) * 2 * 32 * sizeof(uint4) +
-                                   2 * kMmaWarps * kMmaHeads * sizeof(float) +
-                                   size_t{kSplitTableSlots} * sizeof(int32_t);
+// Shared memory of a block with `stages` key tiles: Q fragments [k-step][lane] (uint4), keys
+// [stages][kSplitKeys][kSplitLd] (bf16), P fragments [P·V k-step][lane] (uint4; the space of two
+// parts is kept), row maxima and row sums [warp][16] (fp32), and the block-table entries
+// [kSplitTableSlots] (int32).
+constexpr size_t KeySplitSmemBytes(int stages) {
+  return size_t{kSplitKSteps} * 32 * sizeof(uint4) +
+         static_cast<size_t>(stages) * kSplitKeys * kSplitLd * sizeof(__nv_bfloat16) +
+         static_cast<size_t>(kSplitKeys / 16) * 2 * 32 * sizeof(uint4) +
+         2 * kMmaWarps * kMmaHeads * sizeof(float) + size_t{kSplitTableSlots} * sizeof(int32_t);
+}
+constexpr size_t kSplitSmemBytes = KeySplitSmemBytes(2);  // variant 9: 94.5 KB
 // Two blocks per SM on sm_90 (228 KB of shared memory per SM, 1 KB of it reserved per block).
-// A third key buffer (3-stage ring) would not fit two blocks per SM, so the kernel stays
+// A third key buffer (3-stage ring) would not fit two blocks per SM, so variant 9 stays
 // double-buffered.
 static_assert(2 * (kSplitSmemBytes + 1024) <= 228 * 1024, "two blocks per SM");
-static_assert(2 * (kSplitSmemBytes + kSplitKeys * kSplitLd * sizeof(__nv_bfloat16) + 1024) >
-                  228 * 1024,
+static_assert(2 * (KeySplitSmemBytes(3) + 1024) > 228 * 1024,
               "a 3-stage ring would not fit two blocks per SM (revisit the ring)");
+
+// ---- The ring form (mma_variant 11): kSplitRingStages key tiles, one block per SM ----
+//
+// What the cache stream needs (Little's law): ~4 TB/s at a loaded HBM latency of ~1-1.5 us is
+// 4-6 MB in flight, 30-45 KB per SM on 132 SMs. A 32-key bf16 tile is 36.9 KB (32 x 1152
+// bytes). Variant 9 has one tile per block in flight while it computes the other (its loop
+// waits for the tile it is about to use, then issues the next one): 37 KB per SM at one block
+// per SM, 74 KB at two; and a tile waits out most of a round trip whenever the previous tile's
+// math is shorter than the latency, which at 16 heads it is (per warp per tile: 36 score MMAs
+// in 4 chains, 32 P·V MMAs, 34 ldmatrix, 3 barriers, ~350 instructions: ~0.6 us at one warp
+// per scheduler, against ~1.8 us per tile in the H200 profile of 128 x 1024: 58 us for 32
+// tiles a block). A ring of S tiles keeps S - 1 tiles in flight while one is computed: S = 4
+// is 3 x 36.9 = 111 KB in flight per SM (2.5-3.5x the Little's-law need, so the loaded latency
+// can grow to ~3 us before the stream starves), in 167.5 KB of shared memory (Q fragments 18
+// KB + 4 tiles 146 KB + 3.5 KB), i.e. one block of 4 warps per SM (two would need 335 KB). The
+// math then sets the pace only if a tile's takes longer than ~37 KB / (4 TB/s / 132) = 1.2 us,
+// twice the estimate above. Registers are not the limit (sm_90, -Xptxas -v: 175 for the bf16
+// form, 245 for the FP8 one, no spills; up to 255 at one block of 128 threads). S = 5 (204 KB)
+// also fits one block per SM; more stages only add start-up (the first S tiles are issued
+// before Q's conversion) and matter less as the split rule shortens splits at one block per SM
+// (8 tokens: 16 splits of 2 tiles each). Not chosen: 64-key tiles double-buffered at one block
+// per SM (variant 5, measured slower: one 74 KB tile in flight and twice the math between
+// waits); TMA bulk row copies (cp.async.bulk, one 1152-byte copy per key row, an mbarrier per
+// stage) would save the 18 16-byte cp.async per thread and tile but not change the bytes in
+// flight, and the FP8 staging (codes, rope key and scale piece to three places in the row)
+// would take three bulk copies per row; the swap-AB wgmma form (keys as M = 64, 16 heads as N)
+// computes the same products faster, but at 16 heads the products are not what bounds it.
+constexpr int kSplitRingStages = 4;
+constexpr size_t kSplitRingSmemBytes = KeySplitSmemBytes(kSplitRingStages);
+static_assert(kSplitRingSmemBytes + 1024 <= 228 * 1024 &&
+                  kSplitRingSmemBytes <= 227 * 1024,  // sm_90's per-block opt-in limit
+              "one ring block per SM");
 
 // Starts copying the tile's key rows threadIdx / 8 + 16 k (row offsets rows[k]; -1: zeroed, so
 // that P·V never multiplies garbage) into dst [kKeys][kSplitLd], 16-byte pieces threadIdx % 8 +
@@ -422,14 +459,22 @@ __device__ __forceinline__ void ClusterMergeSplits(const MlaAttentionParams& p, 
 // memory (the FlashDecoding merge, as MlaDecodeSmall's). An empty split takes part with max
 // -inf and sum 0 (weight 0).
 //
+// kStages: key tiles in the cp.async ring. 2 (variant 9): tiles 0 and 1 in flight at the
+// start, then each tile's copy issued (into the buffer the previous tile used) once every warp
+// is past that tile. kSplitRingStages (variant 11): tiles 0 .. kStages - 1 in flight at the
+// start, then tile i + kStages - 1 issued at tile i, so kStages - 1 tiles stream while one is
+// computed; each tile from 1 on commits one copy group (empty past the split's end), so that
+// waiting until kStages - 2 groups remain in flight means tile i has landed. One block per SM
+// (kSplitRingSmemBytes).
+//
 // kFp8: an FP8 cache (PagedLatentCache kFp8E4M3 with the rope key 16-byte aligned in the
 // entry): each tile's entries are staged with the same copies (LoadSplitTileFp8: 656 bytes a
 // key for DeepSeek's layout instead of 1152) and each warp converts its rows into the bf16
 // tile (ConvertSplitTileFp8) before the barrier that starts the tile, so the MMAs read the
 // values of the bf16 copy GatherFp8LatentCacheBf16 would write, and the output is bit for bit
 // that of the kernel over such a copy (the same split count).
-template <bool kClusterMerge, bool kFp8 = false>
-__global__ void __launch_bounds__(kMmaThreads, 2)
+template <bool kClusterMerge, bool kFp8 = false, int kStages = 2>
+__global__ void __launch_bounds__(kMmaThreads, kStages == 2 ? 2 : 1)
     MlaBf16KeySplitKernel(MlaAttentionParams p, int num_groups, int num_splits, bool /*vec_loads*/,
                           float* ws_out, float* ws_ml) {
   constexpr int kKeys = kSplitKeys;
@@ -438,10 +483,11 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   constexpr int kPvSteps = kKeys / 16;              // P·V k-steps per tile
   constexpr int kRows = kKeys / kSplitRowsPerPass;  // key rows each thread copies
   static_assert(kWarpTiles == 1, "one score n-tile per warp");
+  static_assert(kStages >= 2, "a ring of at least two key tiles");
   extern __shared__ float4 smem4[];
   uint4* qf = reinterpret_cast<uint4*>(smem4);
   __nv_bfloat16* kbuf = reinterpret_cast<__nv_bfloat16*>(qf + kSplitKSteps * 32);
-  uint4* pf = reinterpret_cast<uint4*>(kbuf + 2 * kKeys * kSplitLd);  // 16-byte aligned
+  uint4* pf = reinterpret_cast<uint4*>(kbuf + kStages * kKeys * kSplitLd);  // 16-byte aligned
   float* red_max = reinterpret_cast<float*>(pf + kPvSteps * 2 * 32);
   float* red_sum = red_max + kMmaWarps * kMmaHeads;
   int32_t* stab = reinterpret_cast<int32_t*>(red_sum + kMmaWarps * kMmaHeads);
@@ -501,20 +547,23 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       LoadSplitTile(cache, rows, dst);
     }
   };
-  // The split's table entries into shared memory (one round of loads), then tiles 0 and 1 in
-  // flight (two copy groups; the second empty when the split has one tile) before Q's
-  // conversion; rows[] then holds tile 2's row offsets (two tiles ahead, see the loop).
+  // The split's table entries into shared memory (one round of loads), then tiles 0 ..
+  // kStages - 1 in flight (kStages copy groups; empty past the split's end) before Q's
+  // conversion; rows[] then holds tile kStages' row offsets (kStages tiles ahead, see the loop).
   st = PrefetchSplitTable(p, table, stab, static_cast<int32_t>(begin), static_cast<int32_t>(end));
   __syncthreads();
   tile_rows(begin);
   load_tile(kbuf);
-  if (begin + kKeys < end) {
-    tile_rows(begin + kKeys);
-    load_tile(kbuf + kKeys * kSplitLd);
-    tile_rows(begin + 2 * kKeys);
-  } else {
-    CopyAsyncCommit();
+#pragma unroll
+  for (int s = 1; s < kStages; ++s) {
+    if (begin + s * kKeys < end) {
+      tile_rows(begin + s * kKeys);
+      load_tile(kbuf + s * kKeys * kSplitLd);
+    } else {
+      CopyAsyncCommit();
+    }
   }
+  if (begin + (kStages - 1) * kKeys < end) tile_rows(begin + kStages * kKeys);
   StoreQueryFragments(q4, qf);  // published by the loop's first barrier
 
   float acc[kSplitNT][4];
@@ -531,24 +580,30 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 
   int tile = 0;
   for (int64_t j0 = begin; j0 < end; j0 += kKeys, ++tile) {
-    // Tile 0: tile 1's group (committed after tile 0's) may stay in flight.
+    // Groups committed so far: tiles 0 .. kStages - 1 at the start, then one per tile from
+    // tile 1 on. Tile 0: the later kStages - 1 groups may stay in flight; tile i >= 1: the
+    // kStages - 2 groups after tile i's (for kStages = 2: none, this tile's group is the only
+    // one in flight).
     if (tile == 0) {
-      CopyAsyncWait<1>();
+      CopyAsyncWait<kStages - 1>();
     } else {
-      CopyAsyncWait<0>();  // this tile's copies (the only group in flight) have landed
+      CopyAsyncWait<kStages - 2>();
     }
+    const int stage = tile % kStages;
     if constexpr (kFp8) {
       // Each warp converts its own rows of this tile's buffer (other warps may still read the
       // previous tile's buffer, never this one).
-      ConvertSplitTileFp8<kRows>(kbuf + (tile & 1) * kKeys * kSplitLd, fp8_layout.scale_in_piece);
+      ConvertSplitTileFp8<kRows>(kbuf + stage * kKeys * kSplitLd, fp8_layout.scale_in_piece);
     }
     __syncthreads();  // the tile is complete for every thread, every warp done with the last one
-    const __nv_bfloat16* kc = kbuf + (tile & 1) * kKeys * kSplitLd;
-    // The next tile into the buffer the previous one used (tile 1 is in flight already, so
-    // from tile 1 on, and rows[] holds tile + 1's offsets then).
-    if (tile > 0 && j0 + kKeys < end) {
-      load_tile(kbuf + ((tile + 1) & 1) * kKeys * kSplitLd);
-      tile_rows(j0 + 2 * kKeys);
+    const __nv_bfloat16* kc = kbuf + stage * kKeys * kSplitLd;
+    // Tile + kStages - 1 into the buffer the previous tile used (tiles 1 .. kStages - 1 are in
+    // flight already, so from tile 1 on; rows[] holds its offsets then).
+    if (tile > 0 && j0 + (kStages - 1) * kKeys < end) {
+      load_tile(kbuf + ((tile + kStages - 1) % kStages) * kKeys * kSplitLd);
+      tile_rows(j0 + kStages * kKeys);
+    } else if (kStages > 2 && tile > 0) {
+      CopyAsyncCommit();  // keeps one group per tile for the wait above
     }
 
     // S[16 x this warp's keys]: sc[ks & 3][n] for n-tile n (keys 8n .. 8n + 7), so that 4
