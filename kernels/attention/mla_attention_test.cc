@@ -14,7 +14,8 @@
 // counts (Wgmma64Heads cases). An FP8 cache (Fp8 cases): the key-split and wgmma kernels over
 // host-quantised entries, bit for bit against the same variant over a bf16 cache of the
 // host-dequantised values and against the CPU over the FP8 cache, at 16 heads (2, 8, 64, 128
-// tokens) and 128 heads (3, 16, 128 tokens).
+// tokens) and 128 heads (3, 16, 128 tokens). Variant 11 (the key-split ring form) runs every bf16
+// and Fp8 case as 9 does (ragged 8-128 request batches at 16, 32 and 48 heads among the Cases).
 #include "kernels/attention/mla_attention.h"
 
 #include <algorithm>
@@ -241,20 +242,21 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
   // fp32 online softmax vs the reference's double accumulation.
   // Every variant of the tensor-core kernel (0: the default), with the workspace
   // allocated inside.
-  // The key-split kernel's split count (the automatic one or the case's), read from the
-  // workspace it takes with an output the cluster merge does not write (not 16-byte aligned):
-  // variant 9 merges 2 to kMlaClusterMergeMaxSplits splits in a cluster on sm_90.
-  int splits = 1;
-  if (bf16 && key_split_shape) {
+  // The key-split kernel's split count under `variant` (9, or 11 for its ring form: the
+  // automatic one or the case's), read from the workspace it takes with an output the cluster
+  // merge does not write (not 16-byte aligned): both merge 2 to kMlaClusterMergeMaxSplits
+  // splits in a cluster on sm_90.
+  auto key_split_splits = [&](int variant) {
+    if (!bf16 || !key_split_shape) return 1;
     kernels::MlaAttentionParams unmerged = p;
     unmerged.out_latent = dout.get() + 1;
-    unmerged.mma_variant = 9;
+    unmerged.mma_variant = variant;
     size_t bytes = 0;
-    DEEPINFER_CUDA_OK(kernels::MlaAttentionWorkspaceBytes(unmerged, &bytes));
-    splits = bytes == 0 ? 1
-                        : static_cast<int>(bytes / (static_cast<size_t>(tokens) * s.heads *
-                                                    (s.latent + 2) * sizeof(float)));
-  }
+    EXPECT_EQ(kernels::MlaAttentionWorkspaceBytes(unmerged, &bytes), cudaSuccess);
+    return bytes == 0 ? 1
+                      : static_cast<int>(bytes / (static_cast<size_t>(tokens) * s.heads *
+                                                  (s.latent + 2) * sizeof(float)));
+  };
   // The reference and tolerances of the variant p.mma_variant runs.
   auto reference = [&]() -> std::tuple<const std::vector<float>*, double, double> {
     if (kernels::MlaAttentionBf16Operands(p)) {
@@ -268,14 +270,17 @@ TEST_P(MlaAttentionKernelTest, MatchesCpuBackend) {
     SCOPED_TRACE(::testing::Message() << "MlaAttentionF32, mma_variant " << variant);
     p.mma_variant = variant;
     if (bf16 && variant != 4) {  // wgmma or key-split kernel; other shapes run variant 4
+      const bool ring = variant == 11;
+      const int splits = key_split_splits(ring ? 11 : 9);
       const bool cluster =
           splits >= 2 && splits <= kernels::kMlaClusterMergeMaxSplits && cc_major >= 9;
-      EXPECT_STREQ(kernels::MlaAttentionKernelName(p),
-                   !key_split_shape                ? kernel.c_str()
-                   : (variant == 10 && wgmma_runs) || (variant == 0 && wgmma_default)
-                       ? "wgmma_bf16_64_heads"
-                   : cluster                       ? "mma_bf16_key_split_cluster"
-                                                   : "mma_bf16_key_split");
+      const std::string key_split_kernel =
+          std::string("mma_bf16_key_split") + (ring ? "_ring" : "") + (cluster ? "_cluster" : "");
+      EXPECT_EQ(kernels::MlaAttentionKernelName(p),
+                !key_split_shape ? kernel
+                : (variant == 10 && wgmma_runs) || (variant == 0 && wgmma_default)
+                    ? std::string("wgmma_bf16_64_heads")
+                    : key_split_kernel);
       EXPECT_EQ(kernels::MlaAttentionBf16Operands(p), key_split_shape);
     }
     const auto [ref, v_atol, v_rtol] = reference();
@@ -360,6 +365,21 @@ std::vector<Case> Cases() {
   for (int32_t i = 0; i < 256; ++i) mixed256.push_back(1 + (i * 61) % 700);
   c.push_back({"decode_128_requests_mixed", 16, 512, 64, 128, 16, mixed128, true});
   c.push_back({"decode_256_requests_block_64", 16, 512, 64, 128, 64, mixed256, true});
+  // 16, 32 and 48 heads for the ring form (variant 11) beside 9: contexts of 1 and 2 keys, around
+  // a 32-key tile (31-33) and the 4-tile ring (127-129), past 1024; 8 requests (splits of 1-3
+  // tiles, empty ones), 32, 128 x 1024 (the benchmark's), forced splits 2 (cluster) and 5.
+  const std::vector<int32_t> ragged8 = {1, 2, 31, 32, 33, 129, 1000, 1025};
+  std::vector<int32_t> ragged32 = {1, 2, 31, 33, 127, 128, 129, 1023};
+  for (int32_t i = 0; static_cast<int32_t>(ragged32.size()) < 32; ++i) {
+    ragged32.push_back(1 + (i * 173) % 1100);
+  }
+  c.push_back({"decode_8_requests_ragged", 16, 512, 64, 128, 16, ragged8, true});
+  c.push_back({"decode_32_requests_ragged", 16, 512, 64, 128, 16, ragged32, true});
+  c.push_back({"decode_128_requests_ctx_1024", 16, 512, 64, 128, 16,
+               std::vector<int32_t>(128, 1024), true});
+  c.push_back({"decode_32_heads_32_requests", 32, 512, 64, 128, 16, ragged32, true});
+  c.push_back({"decode_32_heads_8_requests_split_2", 32, 512, 64, 128, 16, ragged8, true, 2});
+  c.push_back({"decode_48_heads_8_requests_split_5", 48, 512, 64, 128, 64, ragged8, true, 5});
   return c;
 }
 
@@ -575,7 +595,7 @@ TEST_P(MlaAttentionFp8CacheTest, TensorCoreKernelsReadTheFp8Entries) {
   EXPECT_TRUE(kernels::MlaAttentionReadsFp8Directly(p));
   EXPECT_FALSE(kernels::MlaAttentionReadsFp8Directly(p16));
   std::vector<float> got16, got;
-  for (int variant : {0, 9, 10, 4}) {
+  for (int variant : {0, 9, 10, 11, 4}) {
     SCOPED_TRACE(::testing::Message() << "mma_variant " << variant);
     p.mma_variant = variant;
     p16.mma_variant = variant;
@@ -584,17 +604,19 @@ TEST_P(MlaAttentionFp8CacheTest, TensorCoreKernelsReadTheFp8Entries) {
     dout.Poison();
     DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p, nullptr));
     DEEPINFER_CUDA_OK(dout.Download(&got));
+    EXPECT_EQ(kernels::MlaAttentionReadsFp8Directly(p), variant != 4);
     if (variant == 4) {
       EXPECT_EQ(kernel, "grouped_fp8");
       // (The fp32 tolerance scaled to these latents, up to ~16 against the N(0, 1) of Cases.)
       EXPECT_TRUE(AllClose(got, want_f32, kF32Atol * std::max(1.0, max_abs), kF32Rtol));
       continue;
     }
-    // The bf16 cache's kernel under this variant, in its FP8 form.
-    EXPECT_EQ(kernel, kernel16 == "wgmma_bf16_64_heads"  ? "wgmma_fp8_64_heads"
-                      : kernel16 == "mma_bf16_key_split" ? "mma_fp8_key_split"
-                                                         : "mma_fp8_key_split_cluster")
-        << kernel16;
+    // The bf16 cache's kernel under this variant (the wgmma or the key-split kernel, the latter
+    // in either form, with or without the cluster merge), in its FP8 form.
+    const size_t at = kernel16.find("_bf16_");
+    ASSERT_TRUE(at != std::string::npos && kernel16 != "mma_bf16") << kernel16;
+    EXPECT_EQ(kernel, kernel16.substr(0, at) + "_fp8_" + kernel16.substr(at + 6)) << kernel16;
+    EXPECT_EQ(kernel.find("key_split_ring") != std::string::npos, variant == 11) << kernel;
     EXPECT_TRUE(kernels::MlaAttentionBf16Operands(p));
     dout16.Poison();
     DEEPINFER_CUDA_OK(kernels::MlaAttentionF32(p16, nullptr));
@@ -683,10 +705,66 @@ TEST(MlaAttentionKernelLimitsTest, RejectsTooWideLatent) {
 TEST(MlaAttentionKernelLimitsTest, ValidMmaVariants) {
   // The kept numbers keep their meaning; the removed variants' numbers are not reused.
   for (int32_t v = -2; v <= kernels::kMaxMlaMmaVariant + 2; ++v) {
-    const bool kept = v == 0 || v == 4 || v == 9 || v == 10;
+    const bool kept = v == 0 || v == 4 || v == 9 || v == 10 || v == 11;
     EXPECT_EQ(kernels::MlaMmaVariantIsValid(v), kept) << "variant " << v;
   }
-  EXPECT_STREQ(kernels::kMlaMmaVariantList, "0, 4, 9, 10");
+  EXPECT_STREQ(kernels::kMlaMmaVariantList, "0, 4, 9, 10, 11");
+}
+
+// Variant 11 (the key-split kernel's ring form) takes what 9 takes, at any head count: latent
+// 512 + rope 64, a 16-byte aligned bf16 cache, or an FP8 one whose rope key is 16-byte aligned
+// in the entry. Other shapes and caches run what 9 runs there (variant 4's kernel, or the
+// CUDA-core kernels), by name; the FP8 cache it does not take is not read directly.
+TEST(MlaAttentionKernelLimitsTest, KeySplitRingTakesTheKeySplitShapes) {
+  DEEPINFER_SKIP_WITHOUT_GPU();
+  kernels::MlaAttentionParams p;
+  p.num_tokens = 8;
+  p.num_splits = 1;  // no cluster merge: one name per cache type
+  p.mma_variant = 11;
+  const kernels::PagedLatentCache bf16{nullptr, 16, 512, 64, kernels::LatentCacheType::kBFloat16};
+  const Fp8LatentEntryLayout layout = Fp8LatentLayout(512, 64);
+  kernels::PagedLatentCache fp8 = bf16;
+  fp8.type = kernels::LatentCacheType::kFp8E4M3;
+  fp8.fp8_rope_offset = static_cast<int32_t>(layout.rope_offset);
+  fp8.fp8_scale_offset = static_cast<int32_t>(layout.scale_offset);
+  fp8.fp8_entry_bytes = static_cast<int32_t>(layout.bytes);
+  for (int32_t heads : {1, 16, 20, 32, 48, 64, 128}) {
+    SCOPED_TRACE(::testing::Message() << heads << " heads");
+    p.num_heads = heads;
+    p.cache = bf16;
+    EXPECT_STREQ(kernels::MlaAttentionKernelName(p), "mma_bf16_key_split_ring");
+    EXPECT_TRUE(kernels::MlaAttentionBf16Operands(p));
+    p.cache = fp8;
+    EXPECT_STREQ(kernels::MlaAttentionKernelName(p), "mma_fp8_key_split_ring");
+    EXPECT_TRUE(kernels::MlaAttentionReadsFp8Directly(p));
+  }
+  p.num_heads = 16;
+  // Shapes and caches the kernel does not take.
+  struct Refused {
+    const char* what;
+    kernels::PagedLatentCache cache;
+    const char* kernel;
+  };
+  kernels::PagedLatentCache latent256 = bf16, rope32 = bf16, unaligned = bf16, f32 = bf16,
+                            fp8_rope_unaligned = fp8;
+  latent256.latent_dim = 256;
+  rope32.rope_dim = 32;
+  unaligned.cache = reinterpret_cast<void*>(uintptr_t{8});
+  f32.type = kernels::LatentCacheType::kFloat32;
+  fp8_rope_unaligned.fp8_rope_offset = 520;  // valid (even, before the scale), not 16-aligned
+  fp8_rope_unaligned.fp8_scale_offset = 648;
+  ASSERT_TRUE(kernels::Fp8LatentCacheLayoutValid(fp8_rope_unaligned));
+  for (const Refused& r :
+       {Refused{"latent 256", latent256, "mma_bf16"}, Refused{"rope 32", rope32, "mma_bf16"},
+        Refused{"cache not 16-byte aligned", unaligned, "mma_bf16"},
+        Refused{"fp32 cache", f32, "grouped_f32"},
+        Refused{"FP8 rope key not 16-byte aligned", fp8_rope_unaligned, "grouped_fp8"}}) {
+    SCOPED_TRACE(r.what);
+    p.cache = r.cache;
+    EXPECT_STREQ(kernels::MlaAttentionKernelName(p), r.kernel);
+    EXPECT_FALSE(kernels::MlaAttentionBf16Operands(p));
+    EXPECT_FALSE(kernels::MlaAttentionReadsFp8Directly(p));
+  }
 }
 
 TEST(MlaAttentionKernelLimitsTest, RejectsUnknownMmaVariant) {
