@@ -12,7 +12,8 @@
 // calls over an FP8 cache (that kernel reading the FP8 entries: key-split, or wgmma at 128
 // heads), and the pair an FP8 call ran before it read them (GatherFp8LatentCacheBf16 of the
 // tokens' rows, then the default kernel over the copy); and check that the direct call's output
-// is bit for bit the copy pair's.
+// is bit for bit the copy pair's. `mla_attention_bench h16` runs only the 16-head comparison
+// of the key-split kernel (mma v9) with its ring form (mma v11): RunH16 below.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -40,8 +41,9 @@ using bench::Upload;
 constexpr int32_t kLatent = 512, kRope = 64, kBlockSize = 16;
 // The tensor-core kernel's variants (kernels::MlaAttentionParams::mma_variant, 0 aside).
 // 10 (the 64-head wgmma kernel) runs only where heads are a multiple of 64 (on sm_90a): elsewhere
-// its rows are skipped (they would time the default's kernel again).
-constexpr int kMmaVariants[] = {4, 9, 10};
+// its rows are skipped (they would time the default's kernel again). 11: the key-split kernel's
+// ring form (one block per SM).
+constexpr int kMmaVariants[] = {4, 9, 10, 11};
 
 // Whether params given mma_variant 10 would run another kernel than the wgmma one.
 bool WgmmaSkipped(const kernels::MlaAttentionParams& p) {
@@ -184,7 +186,7 @@ void Run(const Batch& batch) {
     // (few tokens: fewer splits than the automatic 64).
     std::vector<std::pair<int, int>> runs;
     for (int variant : kMmaVariants) runs.emplace_back(variant, 0);
-    for (int variant : {9, 10}) {
+    for (int variant : {9, 10, 11}) {
       for (int splits :
            tokens < 16 ? std::vector<int>{4, 8, 16, 32} : std::vector<int>{1, 2, 3, 4}) {
         runs.emplace_back(variant, splits);
@@ -216,8 +218,9 @@ void Run(const Batch& batch) {
       BENCH_CUDA(cudaEventElapsedTime(&total, e0, e1));
       // The cluster merge has no workspace: its split count is the one the same params take
       // with an output the merge does not write (not 16-byte aligned), through the workspace.
-      const bool cluster =
-          std::string(kernels::MlaAttentionKernelName(pv)) == "mma_bf16_key_split_cluster";
+      const std::string kernel_name = kernels::MlaAttentionKernelName(pv);
+      const bool cluster = kernel_name == "mma_bf16_key_split_cluster" ||
+                           kernel_name == "mma_bf16_key_split_ring_cluster";
       int shown_splits = splits_of(ws_v);
       if (cluster) {
         kernels::MlaAttentionParams unmerged = pv;
@@ -226,10 +229,11 @@ void Run(const Batch& batch) {
         BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(unmerged, &ws_unmerged));
         shown_splits = splits_of(ws_unmerged);
       }
-      const bool wgmma =
-          std::string(kernels::MlaAttentionKernelName(pv)) == "wgmma_bf16_64_heads";
+      const bool wgmma = std::string(kernels::MlaAttentionKernelName(pv)) == "wgmma_bf16_64_heads";
       const std::string name = "mma v" + std::to_string(variant) +
-                               (cluster ? " cl graph" : wgmma ? " wg graph" : " graph");
+                               (cluster ? " cl graph"
+                                : wgmma ? " wg graph"
+                                        : " graph");
       report(name.c_str(), 2, shown_splits, total / (kGraphCalls * kGraphReplays));
       BENCH_CUDA(cudaEventDestroy(e0));
       BENCH_CUDA(cudaEventDestroy(e1));
@@ -440,10 +444,123 @@ void RunFp8(const Batch& batch) {
   }
 }
 
+// The 16-head (Moonlight) decode comparison (`mla_attention_bench h16`): the key-split kernel
+// (mma v9, double-buffered, 2 blocks per SM) against its ring form (mma v11, 4 key tiles, 1
+// block per SM) at 8, 32, 64 and 128 requests x 1024 context, bf16 cache, block size 16, one
+// token per request. Each line: the variant, the kernel MlaAttentionKernelName names, its split
+// count (automatic, then forced 1/2/4/8), the mean time per call of 10 calls captured in a CUDA
+// graph (replayed 5 times), and GB/s of cache entries read (requests x 1024 x 1152 bytes); then
+// per batch v9 / v11 at their automatic splits and the largest |difference| of their outputs
+// (the same math at different split counts, so P is rounded to bf16 against different running
+// maxima: each output is within 2^-9 x max |latent| of the bf16-Q result, the latents are in
+// [-1, 1), so expect at most ~4e-3; a wrong key or weight shows as ~0.1 or more).
+void RunH16() {
+  constexpr int32_t kHeads = 16, kContext = 1024;
+  const int64_t entry = kLatent + kRope;
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int32_t seqs : {8, 32, 64, 128}) {
+    const int32_t blocks_per_seq = kContext / kBlockSize;
+    const int64_t num_blocks = int64_t{seqs} * blocks_per_seq, slots = num_blocks * kBlockSize;
+    std::vector<int32_t> tables(num_blocks), slot(slots), token_seq, context_len;
+    for (int32_t s = 0; s < seqs; ++s) {  // interleaved blocks, as in Run
+      for (int32_t b = 0; b < blocks_per_seq; ++b) tables[s * blocks_per_seq + b] = b * seqs + s;
+      token_seq.push_back(s);
+      context_len.push_back(kContext);
+    }
+    for (int64_t i = 0; i < slots; ++i) slot[i] = static_cast<int32_t>(i);
+    float* kv = Upload(Uniform(static_cast<size_t>(slots) * entry, 1));
+    int32_t* d_slot = Upload(slot);
+    uint16_t* cache16 = bench::DeviceAlloc<uint16_t>(static_cast<size_t>(slots) * entry * 2);
+    const kernels::PagedLatentCache c16{cache16, kBlockSize, kLatent, kRope,
+                                        kernels::LatentCacheType::kBFloat16};
+    BENCH_CUDA(
+        kernels::WriteLatentCacheF32(slots, kv, entry, kv + kLatent, entry, d_slot, c16, nullptr));
+    const size_t out_elems = static_cast<size_t>(seqs) * kHeads * kLatent;
+    kernels::MlaAttentionParams p;
+    p.num_tokens = seqs;
+    p.num_heads = kHeads;
+    p.q_latent = Upload(Uniform(out_elems, 2));
+    p.q_rope = Upload(Uniform(static_cast<size_t>(seqs) * kHeads * kRope, 3));
+    p.q_rope_token_stride = int64_t{kHeads} * kRope;
+    p.q_rope_head_stride = kRope;
+    p.cache = c16;
+    p.block_tables = Upload(tables);
+    p.max_blocks_per_seq = blocks_per_seq;
+    p.token_seq = Upload(token_seq);
+    p.context_len = Upload(context_len);
+    p.softmax_scale = 1.0f / std::sqrt(192.0f);
+    float* out9 = bench::DeviceAlloc<float>(out_elems * sizeof(float));
+    float* out11 = bench::DeviceAlloc<float>(out_elems * sizeof(float));
+    // Room for kMaxMlaSplits splits (bytes = tokens x heads x splits x (latent + 2) x 4).
+    const size_t split_bytes = static_cast<size_t>(seqs) * kHeads * (kLatent + 2) * sizeof(float);
+    const size_t ws_bytes = split_bytes * kernels::kMaxMlaSplits;
+    void* ws = bench::DeviceAlloc<uint8_t>(ws_bytes);
+    p.workspace = ws;
+    p.workspace_bytes = ws_bytes;
+    const double bytes = double{1} * seqs * kContext * entry * 2;
+    double auto_ms[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+      const int variant = i == 0 ? 9 : 11;
+      for (int splits : {0, 1, 2, 4, 8}) {
+        kernels::MlaAttentionParams pv = p;
+        pv.mma_variant = variant;
+        pv.num_splits = splits;
+        pv.out_latent = variant == 9 ? out9 : out11;
+        // The split count: through the workspace the params take with an output the cluster
+        // merge does not write (not 16-byte aligned).
+        kernels::MlaAttentionParams unmerged = pv;
+        unmerged.out_latent = pv.out_latent + 1;
+        size_t ws_v = 0, ws_unmerged = 0;
+        BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(pv, &ws_v));
+        BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(unmerged, &ws_unmerged));
+        if (ws_v > ws_bytes) continue;
+        const int shown = ws_unmerged == 0 ? 1 : static_cast<int>(ws_unmerged / split_bytes);
+        const double ms = GraphMs(stream, [&] { return kernels::MlaAttentionF32(pv, stream); });
+        if (splits == 0) auto_ms[i] = ms;
+        std::printf(
+            "h16 %3d x ctx%d  mma v%-2d %-32s splits %-2d%s %8.2f us %7.1f GB/s (%4.1f%% of 4.3 "
+            "TB/s)\n",
+            seqs, kContext, variant, kernels::MlaAttentionKernelName(pv), shown,
+            splits == 0 ? " auto " : " forced", ms * 1e3, bytes / (ms * 1e-3) / 1e9,
+            100.0 * bytes / (ms * 1e-3) / kPeakBytesPerS);
+      }
+      // The automatic split count's output last in out9 / out11.
+      kernels::MlaAttentionParams pv = p;
+      pv.mma_variant = variant;
+      pv.out_latent = variant == 9 ? out9 : out11;
+      BENCH_CUDA(kernels::MlaAttentionF32(pv, stream));
+    }
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    std::vector<float> a(out_elems), b(out_elems);
+    BENCH_CUDA(cudaMemcpy(a.data(), out9, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+    BENCH_CUDA(cudaMemcpy(b.data(), out11, out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (size_t i = 0; i < out_elems; ++i) {
+      const double e = std::fabs(static_cast<double>(a[i]) - b[i]);
+      if (!(e <= worst)) worst = e;  // NaN sticks
+    }
+    std::printf("h16 %3d x ctx%d  v9 / v11 (automatic splits): %.2fx; max |v9 - v11| = %.3g\n",
+                seqs, kContext, auto_ms[0] / auto_ms[1], worst);
+    std::fflush(stdout);
+    for (const void* ptr :
+         {static_cast<const void*>(kv), static_cast<const void*>(d_slot),
+          static_cast<const void*>(cache16), static_cast<const void*>(p.q_latent),
+          static_cast<const void*>(p.q_rope), static_cast<const void*>(p.block_tables),
+          static_cast<const void*>(p.token_seq), static_cast<const void*>(p.context_len),
+          static_cast<const void*>(out9), static_cast<const void*>(out11),
+          static_cast<const void*>(ws)}) {
+      BENCH_CUDA(cudaFree(const_cast<void*>(ptr)));
+    }
+  }
+  BENCH_CUDA(cudaStreamDestroy(stream));
+}
+
 }  // namespace
 }  // namespace deepinfer
 
-// mla_attention_bench [NAME]: only the cases whose name contains NAME (e.g. for ncu).
+// mla_attention_bench [NAME]: only the cases whose name contains NAME (e.g. for ncu);
+// mla_attention_bench h16: only RunH16 (mma v9 against v11 at 16 heads).
 int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";
   int n = 0;
@@ -456,6 +573,10 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs; latent %d rope %d block %d; fp32 and bf16 caches\n", prop.name,
               prop.multiProcessorCount, deepinfer::kLatent, deepinfer::kRope,
               deepinfer::kBlockSize);
+  if (only == "h16") {
+    deepinfer::RunH16();
+    return 0;
+  }
   for (const deepinfer::Batch& b : {
            deepinfer::Batch{"decode 1 x ctx1024 h16", 1, 1024, 16, false},
            deepinfer::Batch{"decode 1 x ctx8192 h16", 1, 8192, 16, false},
