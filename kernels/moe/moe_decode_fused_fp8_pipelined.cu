@@ -272,8 +272,8 @@ __device__ void GateUpPipelinedBody(const PipeRing& prefetched, MoeDecodeFusedFp
   }
 }
 
-// One warp per unit at most; else every resident warp (one block an SM at ~230 registers), each
-// a balanced range.
+// One warp per unit at most; else every resident warp (one block an SM at 238-253 registers),
+// each a balanced range.
 template <bool kFull>
 cudaError_t LaunchGateUp(const MoeDecodeFusedFp8Params& p, int sms, cudaStream_t stream) {
   constexpr auto kGateUp = PrefetchEntryKernel<GateUpPipelinedPrefetch<kFull>,

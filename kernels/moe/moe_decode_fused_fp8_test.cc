@@ -286,11 +286,13 @@ TEST(MoeDecodeFusedFp8Test, DenseMlpWithoutRoutingMatchesHostReference) {
 }
 
 // Moonlight's real sizes (hidden 2048, moe_intermediate 1408, 2 shared parts: 704 chunks of a
-// feature), 8 experts, and its dense layer (intermediate 11264 as one part).
+// feature), 8 experts, also with one choice invalid, and its dense layer (intermediate 11264 as
+// one part).
 TEST(MoeDecodeFusedFp8Test, MoonlightSizesMatchHostReference) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const Shape moonlight{8, 6, 2048, 1408, 2};
   Check(moonlight, 1, 0);
+  Check(moonlight, 1, 0, /*invalid_choice=*/3);  // kPipelined's ring past an invalid expert
   Check(moonlight, 2, 4);
   Check({0, 0, 2048, 11264, 1}, 1, 0);
 }
