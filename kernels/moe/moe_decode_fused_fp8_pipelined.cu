@@ -18,8 +18,8 @@
 // lanes with a shuffle per unit: no part table in shared memory and no warp waits for another.
 //
 // Pipeline. A ring of kRing units in registers (kRing * 2 * kLaneVecs 16-byte loads a lane): while
-// unit n is summed, units n + 1 .. n + kRing - 1 are in flight, and unit n + kRing is issued
-// right after it (the ring's slots indexed statically: the loop is unrolled kRing times).
+// unit n is summed, units n + 1 .. n + kRing - 1 are in flight, and unit n + kRing is issued into
+// its slot right after it (the slots indexed statically: the loop is unrolled kRing times).
 //
 // Bytes in flight. A unit is 2 * 2048 B = 4 KB at hidden 2048; a warp keeps 3-4 units = 12-16 KB
 // in flight, and never fewer than 3 units between its sums; 8 warps an SM (one 256-thread block)
@@ -28,7 +28,7 @@
 // to 96 KB an SM, but between two 2 KB steps a warp reads 4 float4 hidden values a vector from
 // shared memory and its block stages the hidden row behind a __syncthreads. Registers a thread:
 // the ring 4 * 8 * 4 = 128, the hidden slice 64, the rest unit bookkeeping: `nvcc -Xptxas -v`
-// (sm_90a) 253 at hidden 2048 (kFull), 238 narrower, no spills; 256 x 256 = 64K, one block an SM.
+// (sm_90) 249 at hidden 2048 (kFull), 236 narrower, no spills; 256 x 256 = 64K, one block an SM.
 //
 // Sums: per lane and row, each vector's 16 products (e4m3 widened exactly by cvt.f16x2.e4m3x2)
 // summed in fp32 in k order from 0, times the vector's block scale added to the lane's fp32
@@ -248,31 +248,29 @@ __device__ void GateUpPipelinedBody(const PipeRing& prefetched, MoeDecodeFusedFp
     }
   }
   PipeRing ring = prefetched;
-  // Units [0, filled) have been issued; unit m lives in slot m % kRing.
-  int filled = min(kRing, wu.shared_count);
+  // Unit m lives in slot m % kRing. The prefetch issued the shared units among 0 .. kRing - 1;
+  // the rest of them now.
+#pragma unroll
+  for (int q = 0; q < kRing; ++q) {
+    if (q >= wu.shared_count && q < wu.count) {
+      LoadUnit<kFull>(Rows(p, Unit(wu, q, p.inter), route), kv, &ring.slot[q]);
+    }
+  }
   for (int n0 = 0; n0 < wu.count; n0 += kRing) {
 #pragma unroll
     for (int s = 0; s < kRing; ++s) {
       const int n = n0 + s;
       if (n >= wu.count) break;
-      // Top the ring up to units n .. n + kRing - 1: slot q holds the one of them = q mod kRing.
-      const int want = min(wu.count, n + kRing);
-      if (filled < want) {
-#pragma unroll
-        for (int q = 0; q < kRing; ++q) {
-          const int m = q >= s ? n0 + q : n0 + kRing + q;
-          if (m >= filled && m < want) {
-            LoadUnit<kFull>(Rows(p, Unit(wu, m, p.inter), route), kv, &ring.slot[q]);
-          }
-        }
-        filled = want;
-      }
       SumUnit<kFull>(p, Unit(wu, n, p.inter), route, ring.slot[s], x, kv);
+      // Unit n + kRing into the slot just summed (units n + 1 .. n + kRing - 1 in flight).
+      if (n + kRing < wu.count) {
+        LoadUnit<kFull>(Rows(p, Unit(wu, n + kRing, p.inter), route), kv, &ring.slot[s]);
+      }
     }
   }
 }
 
-// One warp per unit at most; else every resident warp (one block an SM at 238-253 registers),
+// One warp per unit at most; else every resident warp (one block an SM at 236-249 registers),
 // each a balanced range.
 template <bool kFull>
 cudaError_t LaunchGateUp(const MoeDecodeFusedFp8Params& p, int sms, cudaStream_t stream) {
