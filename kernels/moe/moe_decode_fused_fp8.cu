@@ -316,20 +316,26 @@ cudaError_t MoeDecodeFusedFp8(const MoeDecodeFusedFp8Params& p, cudaStream_t str
   const bool variant_ok = p.variant == MoeDecodeFusedFp8Variant::kDefault ||
                           p.variant == MoeDecodeFusedFp8Variant::kPerRow ||
                           p.variant == MoeDecodeFusedFp8Variant::kRowReuse ||
-                          p.variant == MoeDecodeFusedFp8Variant::kStationary;
+                          p.variant == MoeDecodeFusedFp8Variant::kStationary ||
+                          p.variant == MoeDecodeFusedFp8Variant::kPipelined;
   if (!routed_ok || !shared_ok || !pointers_ok || !variant_ok) return cudaErrorInvalidValue;
   const MoeDecodeFusedFp8Variant variant = p.variant == MoeDecodeFusedFp8Variant::kDefault
                                                ? kMoeDecodeFusedFp8DefaultVariant
                                                : p.variant;
+  if (variant == MoeDecodeFusedFp8Variant::kPipelined &&
+      moe_fp8_internal::PipelinedGateUpApplies(p)) {
+    return moe_fp8_internal::LaunchPipelined(p, stream);
+  }
+  // Elsewhere kPipelined is kStationary.
+  const bool stationary = variant == MoeDecodeFusedFp8Variant::kStationary ||
+                          variant == MoeDecodeFusedFp8Variant::kPipelined;
   // kRowReuse's gate_up (kRowReuse's and kStationary's) reads a row pair's scales from one
   // scale row (an even split).
-  const bool row_reuse = variant == MoeDecodeFusedFp8Variant::kRowReuse ||
-                         variant == MoeDecodeFusedFp8Variant::kStationary;
+  const bool row_reuse = variant == MoeDecodeFusedFp8Variant::kRowReuse || stationary;
   if (row_reuse && p.hidden_size <= kMoeDecodeFusedFp8MaxStagedHidden &&
       p.shared_gate_up_split_rows % 2 == 0) {
     bool launched = false;
-    const cudaError_t err = moe_fp8_internal::LaunchRowReuse(
-        p, variant == MoeDecodeFusedFp8Variant::kStationary, stream, &launched);
+    const cudaError_t err = moe_fp8_internal::LaunchRowReuse(p, stationary, stream, &launched);
     if (err != cudaSuccess || launched) return err;
   }
   return p.num_tokens == 1 ? moe_fp8_internal::LaunchPerRow<1>(p, stream)

@@ -3,7 +3,7 @@
 // FP8: e4m3 with one fp32 scale per 128 x 128 block (kernels/gemm/fp8_block_gemm.h's layout), so
 // a decode step reads one byte per weight instead of bf16's two.
 //
-// Three kernel pairs (MoeDecodeFusedFp8Variant), each a gate_up launch and a down launch, both
+// Four kernel pairs (MoeDecodeFusedFp8Variant), each a gate_up launch and a down launch, both
 // launched with programmatic dependent launch (kernels/common/launch.cuh) and summing across a
 // warp with a butterfly (deterministic, no atomics):
 // - kPerRow: the bf16 block's grid-strided pair: gate_up one warp per (part, row) pair, down one
@@ -22,6 +22,12 @@
 //   and row pointers in registers, so a weight load costs no act read and no table look-up
 //   (moe_decode_fused_fp8_stationary.cu); elsewhere kRowReuse's down (and kPerRow where
 //   kRowReuse's gate_up does not apply). Its sums are kRowReuse's in another order.
+// - kPipelined: at one token where hidden_size <= 2048 (Moonlight), a gate_up in which each warp
+//   streams whole (gate, up) row pairs, 4 of them in flight in a register ring, against its
+//   lanes' slices of the hidden row held in fp32 registers (no shared memory, no barrier), the
+//   first shared rows loaded before the PDL wait and the routing resolved per warp
+//   (moe_decode_fused_fp8_pipelined.cu; its act values are kRowReuse's gate_up's bit for bit),
+//   then kStationary's down (kRowReuse's where that does not apply); elsewhere kStationary.
 // Each lane's 16 weights lie in one 128-wide k block: their products with the fp32 activations
 // are summed in fp32 in k order, the sum multiplied by the block's scale and added to the lane's
 // fp32 accumulator.
@@ -30,9 +36,9 @@
 // subnormals included) and folds 2^120 into the block scale; products under fp32's normal range
 // in that scaled domain (|product| < 2^-126, i.e. |a * w| < 2^-6 before the scale) keep fewer
 // bits, an absolute error of at most 2^-30 * scale per product; e4m3 NaN bytes read as +-480.
-// kRowReuse and kStationary widen them with cvt.f16x2.e4m3x2 then fp16 -> fp32 (exact: every e4m3
-// value is an fp16 value), so products are the fp32 products of the exact weights; e4m3 NaN bytes
-// read as NaN. Checkpoints hold no NaN bytes. CPU reference: moe_decode_fused_fp8_test.
+// kRowReuse, kStationary and kPipelined widen them with cvt.f16x2.e4m3x2 then fp16 -> fp32 (exact:
+// every e4m3 value is an fp16 value), so products are the fp32 products of the exact weights; e4m3
+// NaN bytes read as NaN. Checkpoints hold no NaN bytes. CPU reference: moe_decode_fused_fp8_test.
 #ifndef DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_FP8_H_
 #define DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_FP8_H_
 
@@ -52,6 +58,7 @@ enum class MoeDecodeFusedFp8Variant : int32_t {
   kPerRow = 1,
   kRowReuse = 2,
   kStationary = 3,
+  kPipelined = 4,
 };
 inline constexpr MoeDecodeFusedFp8Variant kMoeDecodeFusedFp8DefaultVariant =
     MoeDecodeFusedFp8Variant::kStationary;

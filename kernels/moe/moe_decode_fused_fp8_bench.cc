@@ -1,11 +1,13 @@
 // moe_decode_fused_fp8_bench: kernels::MoeDecodeFusedFp8 (the FP8 fused decode MoE block, one
 // gate_up and one down launch) per kernel pair (MoeDecodeFusedFp8Variant: per_row, row_reuse,
-// stationary; "default" is the one the backend takes), at Moonlight's shape (64 experts, top-6,
-// hidden 2048, moe_intermediate 1408, 2 shared experts) and DeepSeek-V3's (256, top-8, 7168,
-// 2048, 1 shared) with e4m3 weights and 128 x 128 block scales, at 1 and 2 tokens. row_reuse and
-// stationary launch the same gate_up; at 1 token they differ in the down kernel only
+// stationary, pipelined; "default" is the one the backend takes), at Moonlight's shape (64
+// experts, top-6, hidden 2048, moe_intermediate 1408, 2 shared experts) and DeepSeek-V3's (256,
+// top-8, 7168, 2048, 1 shared) with e4m3 weights and 128 x 128 block scales, at 1 and 2 tokens.
+// row_reuse and stationary launch the same gate_up; at 1 token they differ in the down kernel only
 // (kRowReuse's 4-features-a-pass down against the stationary down), at 2 tokens they are the
-// same pair.
+// same pair. pipelined and stationary launch the same down; at Moonlight 1 token they differ in
+// the gate_up kernel only (kPipelined's register-ring gate_up against kRowReuse's), elsewhere
+// (V3's hidden 7168, 2 tokens) pipelined is the stationary pair.
 //
 // A CUDA graph holds kLayers launch pairs, each layer with its own shared weights and routing
 // (distinct experts across layers and tokens, from a pool of kPoolExperts experts), so a replay
@@ -19,7 +21,8 @@
 //        case only; exit status 1 on an error), e.g. kRowReuse's gate_up and down under Nsight
 //        Compute: `ncu --kernel-name-base demangled -k regex:ReuseBody -c 2
 //        moe_decode_fused_fp8_bench moonlight 1` (kPerRow's: `-k 'regex:::(GateUp|Down)Body<'`;
-//        the stationary down: `-k regex:DownStationary -c 1`)
+//        the stationary down: `-k regex:DownStationary -c 1`; kPipelined's gate_up:
+//        `-k regex:GateUpPipelinedBody -c 1`, beside kRowReuse's: `-k regex:GateUpReuseBody -c 1`)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -104,6 +107,8 @@ const char* VariantName(MoeDecodeFusedFp8Variant v) {
       return "row_reuse";
     case MoeDecodeFusedFp8Variant::kStationary:
       return "stationary";
+    case MoeDecodeFusedFp8Variant::kPipelined:
+      return "pipelined";
   }
   return "?";
 }
@@ -217,7 +222,8 @@ void RunShape(const Shape& s, int tokens) {
 
   for (const MoeDecodeFusedFp8Variant v :
        {MoeDecodeFusedFp8Variant::kPerRow, MoeDecodeFusedFp8Variant::kRowReuse,
-        MoeDecodeFusedFp8Variant::kStationary, MoeDecodeFusedFp8Variant::kDefault}) {
+        MoeDecodeFusedFp8Variant::kStationary, MoeDecodeFusedFp8Variant::kPipelined,
+        MoeDecodeFusedFp8Variant::kDefault}) {
     const std::vector<float> out = layer0(v);
     double diff = 0;
     for (size_t i = 0; i < out.size(); ++i) {

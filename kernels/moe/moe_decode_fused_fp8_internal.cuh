@@ -1,6 +1,7 @@
 // Pieces shared by the FP8 fused decode MoE block's kernels (moe_decode_fused_fp8.h): kPerRow
 // and the entry point in moe_decode_fused_fp8.cu, kRowReuse's pair in
-// moe_decode_fused_fp8_row_reuse.cu, kStationary's down in moe_decode_fused_fp8_stationary.cu.
+// moe_decode_fused_fp8_row_reuse.cu, kStationary's down in moe_decode_fused_fp8_stationary.cu,
+// kPipelined's gate_up in moe_decode_fused_fp8_pipelined.cu.
 // Include only from those .cu files.
 #ifndef DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_FP8_INTERNAL_CUH_
 #define DEEPINFER_KERNELS_MOE_MOE_DECODE_FUSED_FP8_INTERNAL_CUH_
@@ -32,8 +33,8 @@ __device__ __forceinline__ float WarpSum(float s) {
   return s;
 }
 
-// The order in which kRowReuse's gate_up writes an act row, read by both downs after it: the
-// position of act value j (of a row of inter = 16 * kvi values), vector v = j / 16's float4 q
+// The order in which kRowReuse's and kPipelined's gate_ups write an act row, read by both downs:
+// the position of act value j (of a row of inter = 16 * kvi values), vector v = j / 16's float4 q
 // stored as float4 q * kvi + v, so that kRowReuse down's lanes reading float4 q of consecutive
 // vectors read consecutive 16 bytes (the stationary down reads a vector's 4 float4s once).
 __device__ __forceinline__ int ActIndex(int j, int kvi) {
@@ -184,6 +185,17 @@ bool StationaryDownApplies(const MoeDecodeFusedFp8Params& p);
 // kRowReuse's gate_up on the stream (it reads act in ActIndex's order); p checked, and
 // StationaryDownApplies(p).
 cudaError_t LaunchStationaryDown(const MoeDecodeFusedFp8Params& p, int sms, cudaStream_t stream);
+
+// kRowReuse's down alone, after a gate_up that wrote act in ActIndex's order; p checked.
+cudaError_t LaunchRowReuseDown(const MoeDecodeFusedFp8Params& p, cudaStream_t stream);
+
+// Whether kPipelined's gate_up takes p: one token and hidden_size <= 2048 (a lane's slice of the
+// hidden row in registers).
+bool PipelinedGateUpApplies(const MoeDecodeFusedFp8Params& p);
+
+// Launches kPipelined's gate_up, then the stationary down where StationaryDownApplies(p), else
+// kRowReuse's down; p checked, and PipelinedGateUpApplies(p).
+cudaError_t LaunchPipelined(const MoeDecodeFusedFp8Params& p, cudaStream_t stream);
 
 }  // namespace moe_fp8_internal
 }  // namespace kernels

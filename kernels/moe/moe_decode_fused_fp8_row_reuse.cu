@@ -1,6 +1,7 @@
 // The kRowReuse pair of the FP8 fused decode MoE block (moe_decode_fused_fp8.h): activation
 // reads shared by several weight rows, e4m3 widened with cvt.f16x2.e4m3x2. kStationary launches
-// the same gate_up (then its own down, moe_decode_fused_fp8_stationary.cu, where it applies).
+// the same gate_up (then its own down, moe_decode_fused_fp8_stationary.cu, where it applies);
+// kPipelined's gate_up (moe_decode_fused_fp8_pipelined.cu) may be followed by this down.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -381,6 +382,21 @@ int SmemPerSm() {
   return bytes;
 }
 
+// kRowReuse's down on as many blocks per SM as fit, at least enough that none has more than
+// kMaxDownFeatures features.
+template <int kT>
+cudaError_t LaunchDownReuse(const MoeDecodeFusedFp8Params& p, int sms, cudaStream_t stream) {
+  constexpr auto kDown = EntryKernel<DownReuseBody<kT>, kDownThreads>();
+  static const int down_per_sm =
+      BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads, /*fallback=*/4);
+  const int64_t groups = p.hidden_size / kDownFeatures;
+  int64_t down_blocks = BalancedUnits(groups, int64_t{sms} * down_per_sm);
+  down_blocks = std::max<int64_t>(
+      down_blocks, (groups * kDownFeatures + kMaxDownFeatures - 1) / kMaxDownFeatures);
+  return LaunchAfterPrecedingGrids<DownReuseBody<kT>, kDownThreads>(
+      dim3(static_cast<unsigned>(down_blocks)), 0, stream, p);
+}
+
 // As moe_decode_fused_fp8.cu's LaunchPerRow; gate_up with the hidden rows in dynamic shared
 // memory (its blocks per SM also bounded by that); down kRowReuse's or the stationary one.
 template <int kT>
@@ -388,7 +404,6 @@ cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, bool stationary_down, c
                        bool* launched) {
   constexpr auto kGateUp =
       PrefetchEntryKernel<PrefetchSharedItem<kT>, GateUpReuseBody<kT>, kReuseThreads>();
-  constexpr auto kDown = EntryKernel<DownReuseBody<kT>, kDownThreads>();
   constexpr int kMaxSmem = kT * kMoeDecodeFusedFp8MaxStagedHidden * static_cast<int>(sizeof(float));
   const KernelFacts facts =
       KernelFactsForCurrentDevice(reinterpret_cast<const void*>(kGateUp), kMaxSmem);
@@ -398,8 +413,6 @@ cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, bool stationary_down, c
   if (!*launched) return cudaSuccess;
   static const int gate_up_per_sm =
       BlocksPerSm(reinterpret_cast<const void*>(kGateUp), kReuseThreads, /*fallback=*/4);
-  static const int down_per_sm =
-      BlocksPerSm(reinterpret_cast<const void*>(kDown), kDownThreads, /*fallback=*/4);
   // Static shared memory (the part table) and the 1 KB per block the SM reserves, rounded up.
   const int per_block_smem = smem + static_cast<int>(sizeof(PartTable<kT>)) + 2048;
   const int fit_smem = SmemPerSm() > 0 ? std::max(1, SmemPerSm() / per_block_smem) : 1;
@@ -408,18 +421,13 @@ cudaError_t LaunchPair(const MoeDecodeFusedFp8Params& p, bool stationary_down, c
   const int64_t gate_up_warps = BalancedUnits(max_parts * (p.inter / kReuseRows),
                                               int64_t{facts.sms} * gate_up_fit * kReuseWarps);
   const int64_t gate_up_blocks = (gate_up_warps + kReuseWarps - 1) / kReuseWarps;
-  const int64_t groups = p.hidden_size / kDownFeatures;
-  int64_t down_blocks = BalancedUnits(groups, int64_t{facts.sms} * down_per_sm);
-  down_blocks = std::max<int64_t>(
-      down_blocks, (groups * kDownFeatures + kMaxDownFeatures - 1) / kMaxDownFeatures);
   cudaError_t err = LaunchPrefetchThenAfterPrecedingGrids<PrefetchSharedItem<kT>,
                                                           GateUpReuseBody<kT>, kReuseThreads>(
       dim3(static_cast<unsigned>(gate_up_blocks)), static_cast<size_t>(smem), stream, p);
   if (err != cudaSuccess) return err;
   if (stationary_down && StationaryDownApplies(p))
     return LaunchStationaryDown(p, facts.sms, stream);
-  return LaunchAfterPrecedingGrids<DownReuseBody<kT>, kDownThreads>(
-      dim3(static_cast<unsigned>(down_blocks)), 0, stream, p);
+  return LaunchDownReuse<kT>(p, facts.sms, stream);
 }
 
 }  // namespace
@@ -428,6 +436,14 @@ cudaError_t LaunchRowReuse(const MoeDecodeFusedFp8Params& p, bool stationary_dow
                            cudaStream_t stream, bool* launched) {
   return p.num_tokens == 1 ? LaunchPair<1>(p, stationary_down, stream, launched)
                            : LaunchPair<2>(p, stationary_down, stream, launched);
+}
+
+cudaError_t LaunchRowReuseDown(const MoeDecodeFusedFp8Params& p, cudaStream_t stream) {
+  int sms = 0;
+  const cudaError_t err = CurrentDeviceSms(&sms);
+  if (err != cudaSuccess) return err;
+  return p.num_tokens == 1 ? LaunchDownReuse<1>(p, sms, stream)
+                           : LaunchDownReuse<2>(p, sms, stream);
 }
 
 }  // namespace moe_fp8_internal

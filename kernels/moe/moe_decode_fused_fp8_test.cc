@@ -7,12 +7,16 @@
 // non-identity slot table, an invalid expert id, all-subnormal e4m3 weights, top_k 0 (a dense
 // MLP: the routed fields null), poisoned workspace and output, and the argument checks; every
 // case run by each kernel pair (MoeDecodeFusedFp8Variant), kRowReuse also past its largest staged
-// hidden size (where it runs kPerRow). kStationary's own down runs at 1 token where a feature has
-// at most 3 x 384 chunks of 16 values ((top_k + shared_parts) * inter / 16): every 1-token case
-// here but the one past that limit (where it runs kRowReuse's down) and those past kRowReuse's
-// staged hidden size; its 2-chunk form up to 768 chunks (Moonlight's 704), its 3-chunk form
-// above (the 896- and 1152-chunk cases: V3's real sizes); at V3's hidden (7168 features, 55 a
-// block on 132 SMs) a block's features cross a 128-row scale block.
+// hidden size (where it runs kPerRow). kPipelined's own gate_up runs at 1 token where hidden <=
+// 2048 (the Moonlight-like, V3-small, dense and Moonlight-size 1-token cases, also before
+// kRowReuse's down past the stationary down's limit); elsewhere (hidden 4096 and 7168, V3's real
+// sizes, 2 tokens) it runs kStationary's pair; its output must equal kStationary's bit for bit.
+// kStationary's own down runs at 1 token where a feature has at most 3 x 384 chunks of 16 values
+// ((top_k + shared_parts) * inter / 16): every 1-token case here but the one past that limit (where
+// it runs kRowReuse's down) and those past kRowReuse's staged hidden size; its 2-chunk form up to
+// 768 chunks (Moonlight's 704), its 3-chunk form above (the 896- and 1152-chunk cases: V3's real
+// sizes); at V3's hidden (7168 features, 55 a block on 132 SMs) a block's features cross a 128-row
+// scale block.
 #include "kernels/moe/moe_decode_fused_fp8.h"
 
 #include <algorithm>
@@ -202,9 +206,11 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_cho
   p.act = dact.get();
   p.out = dout.get();
 
+  std::vector<float> stationary_out;
   for (const kernels::MoeDecodeFusedFp8Variant variant :
        {kernels::MoeDecodeFusedFp8Variant::kPerRow, kernels::MoeDecodeFusedFp8Variant::kRowReuse,
-        kernels::MoeDecodeFusedFp8Variant::kStationary}) {
+        kernels::MoeDecodeFusedFp8Variant::kStationary,
+        kernels::MoeDecodeFusedFp8Variant::kPipelined}) {
     SCOPED_TRACE(::testing::Message() << "variant " << static_cast<int>(variant));
     p.variant = variant;
     dact.Poison();
@@ -219,6 +225,15 @@ void Check(const Shape& s, int32_t tokens, int32_t repeated, int32_t invalid_cho
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_LE(std::abs(static_cast<double>(got[i]) - want[i]), 1e-4 * scale + 1e-30)
           << "element " << i << " got " << got[i] << " want " << want[i];
+    }
+    // kPipelined's gate_up forms kRowReuse's gate_up sums in the same order and is followed by
+    // the down kStationary runs; where it does not apply kPipelined runs kStationary: the
+    // outputs are equal bit for bit in every case.
+    if (variant == kernels::MoeDecodeFusedFp8Variant::kStationary) stationary_out = got;
+    if (variant == kernels::MoeDecodeFusedFp8Variant::kPipelined) {
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i], stationary_out[i]) << "element " << i << " (kPipelined vs kStationary)";
+      }
     }
   }
 }
@@ -271,11 +286,13 @@ TEST(MoeDecodeFusedFp8Test, DenseMlpWithoutRoutingMatchesHostReference) {
 }
 
 // Moonlight's real sizes (hidden 2048, moe_intermediate 1408, 2 shared parts: 704 chunks of a
-// feature), 8 experts, and its dense layer (intermediate 11264 as one part).
+// feature), 8 experts, also with one choice invalid, and its dense layer (intermediate 11264 as
+// one part).
 TEST(MoeDecodeFusedFp8Test, MoonlightSizesMatchHostReference) {
   DEEPINFER_SKIP_WITHOUT_GPU();
   const Shape moonlight{8, 6, 2048, 1408, 2};
   Check(moonlight, 1, 0);
+  Check(moonlight, 1, 0, /*invalid_choice=*/3);  // kPipelined's ring past an invalid expert
   Check(moonlight, 2, 4);
   Check({0, 0, 2048, 11264, 1}, 1, 0);
 }
@@ -358,7 +375,7 @@ TEST(MoeDecodeFusedFp8Test, RejectsBadArguments) {
   q.topk_ids = nullptr;
   expect_invalid(q, "null topk_ids with top_k > 0");
   q = p;
-  q.variant = static_cast<kernels::MoeDecodeFusedFp8Variant>(4);
+  q.variant = static_cast<kernels::MoeDecodeFusedFp8Variant>(5);
   expect_invalid(q, "unknown variant");
 }
 
