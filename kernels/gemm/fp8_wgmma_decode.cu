@@ -1,5 +1,6 @@
 // Swap-AB W8A8 grouped GEMM for decode on Hopper (wgmma + TMA): see fp8_wgmma_decode.h.
 #include <cuda.h>
+#include <cuda_bf16.h>
 
 #include <algorithm>
 #include <mutex>
@@ -33,6 +34,7 @@ struct SwapArgs {
   const CUtensorMap* w_maps = nullptr;
   const float* const* scales = nullptr;
   float* c = nullptr;
+  uint16_t* c_bf16 = nullptr;  // instead of c: the results rounded to bf16
   int64_t ldc = 0;
 };
 
@@ -189,8 +191,8 @@ __device__ __forceinline__ void SwapKBlock(uint32_t w_stage, uint32_t a_stage, u
 // fragment puts the weight rows j as 8 consecutive columns of c across lane / 4; c0 is this
 // thread's first row (as an offset in the group).
 template <int N>
-__device__ __forceinline__ void SwapStore(const float (&acc)[2][N / 2], const SwapArgs& args,
-                                          int32_t r0, int32_t c0, int32_t count, int32_t m0) {
+__device__ __forceinline__ void SwapStoreF32(const float (&acc)[2][N / 2], const SwapArgs& args,
+                                             int32_t r0, int32_t c0, int32_t count, int32_t m0) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -200,6 +202,71 @@ __device__ __forceinline__ void SwapStore(const float (&acc)[2][N / 2], const Sw
       const int32_t j = m0 + h * 64 + warp * 16 + lane / 4 + 8 * ((i % 4) / 2);
       if (row < count && j < args.n) args.c[int64_t{r0 + row} * args.ldc + j] = acc[h][i];
     }
+  }
+}
+
+// Two bf16 (nearest even) in one word, lo at the lower address.
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  return uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(lo))} |
+         (uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(hi))} << 16);
+}
+
+// SwapStoreF32's values rounded to bf16 into c_bf16, regrouped across lanes so that each thread
+// writes 4 consecutive columns of one row (8 bytes) and a warp's store instruction covers 8 rows x
+// 32 bytes, whole 32-byte sectors as the fp32 store's 4 rows x 32 bytes. Per block b of 4
+// registers (4 b + 2 p + q: row c0 + 8 b + q, column t + 8 p, t = lane / 4 = 2 a + par):
+//  1. lanes t and t ^ 1 swap the row each does not keep (par 0 keeps row 0, par 1 row 1): each
+//     then holds column pairs a (word 0) and a + 4 (word 1) of its row;
+//  2. among the 4 lanes of a row (a = lane / 8), lane a gathers pairs 2 a and 2 a + 1 in two
+//     shuffles, source lane s sending its word s & 1 in the first and the other in the second.
+// Every thread runs the shuffles (the whole warp takes part); the stores test row and column.
+template <int N>
+__device__ __forceinline__ void SwapStoreBf16(const float (&acc)[2][N / 2], const SwapArgs& args,
+                                              int32_t r0, int32_t c0, int32_t count, int32_t m0) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int par = (lane / 4) & 1, a = lane / 8;
+  const int s0 = ((a & 1) << 1) | (a >> 1), s1 = s0 ^ 1;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int b = 0; b < N / 8; ++b) {
+      const float* v = &acc[h][4 * b];  // v[2 p + q]
+      const uint32_t send = par == 0 ? PackBf16(v[1], v[3]) : PackBf16(v[0], v[2]);
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, send, 4);
+      const uint32_t mine = par == 0 ? PackBf16(v[0], v[2]) : PackBf16(v[1], v[3]);
+      // Word 0: columns 2 a, 2 a + 1; word 1: 2 a + 8, 2 a + 9 (of this warp's 16).
+      const uint32_t w0 =
+          par == 0 ? (mine & 0xffffu) | (got << 16) : (got & 0xffffu) | (mine << 16);
+      const uint32_t w1 =
+          par == 0 ? (mine >> 16) | (got & 0xffff0000u) : (got >> 16) | (mine & 0xffff0000u);
+      const uint32_t x0 = __shfl_sync(0xffffffffu, (a & 1) ? w1 : w0, (lane & 7) | (s0 << 3));
+      const uint32_t x1 = __shfl_sync(0xffffffffu, (a & 1) ? w0 : w1, (lane & 7) | (s1 << 3));
+      const uint32_t lo = a < 2 ? x0 : x1, hi = a < 2 ? x1 : x0;
+      const int32_t row = c0 + 8 * b + par;
+      const int32_t j = m0 + h * 64 + warp * 16 + 4 * a;
+      if (row >= count) continue;
+      uint16_t* out = args.c_bf16 + int64_t{r0 + row} * args.ldc + j;
+      if (j + 4 <= args.n && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
+        *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
+      } else {
+        const uint16_t vals[4] = {static_cast<uint16_t>(lo), static_cast<uint16_t>(lo >> 16),
+                                  static_cast<uint16_t>(hi), static_cast<uint16_t>(hi >> 16)};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (j + e < args.n) out[e] = vals[e];
+        }
+      }
+    }
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void SwapStore(const float (&acc)[2][N / 2], const SwapArgs& args,
+                                          int32_t r0, int32_t c0, int32_t count, int32_t m0) {
+  if (args.c_bf16 != nullptr) {
+    SwapStoreBf16<N>(acc, args, r0, c0, count, m0);
+  } else {
+    SwapStoreF32<N>(acc, args, r0, c0, count, m0);
   }
 }
 
@@ -547,6 +614,7 @@ cudaError_t Launch(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_t stream) 
   args.w_maps = static_cast<const CUtensorMap*>(p.weight_maps);
   args.scales = p.scales;
   args.c = p.c;
+  args.c_bf16 = p.c_bf16;
   args.ldc = p.ldc;
   const dim3 grid(static_cast<unsigned>((p.n + kTileM - 1) / kTileM),
                   static_cast<unsigned>(p.num_groups));
@@ -606,13 +674,13 @@ cudaError_t LaunchPersistent(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_
   args.swap.w_maps = static_cast<const CUtensorMap*>(p.weight_maps);
   args.swap.scales = p.scales;
   args.swap.c = p.c;
+  args.swap.c_bf16 = p.c_bf16;
   args.swap.ldc = p.ldc;
   args.num_groups = p.num_groups;
   args.tiles = static_cast<int32_t>((p.n + kTileM - 1) / kTileM);
   // At most as many CTAs as units can exist: tiles x (non-empty groups + max_rows / N).
-  const int64_t units_bound =
-      int64_t{args.tiles} *
-      (std::min<int64_t>(p.num_groups, p.max_rows) + (p.max_rows + N - 1) / N);
+  const int64_t units_bound = int64_t{args.tiles} * (std::min<int64_t>(p.num_groups, p.max_rows) +
+                                                     (p.max_rows + N - 1) / N);
   const int64_t ctas = std::min(resident, units_bound);
   return LaunchKernelThatWaits(kernel, dim3(static_cast<unsigned>(ctas)), kThreads, smem, stream,
                                p.pdl, map_a, args);
@@ -678,7 +746,7 @@ bool Fp8WgmmaSwapGroupedGemmSupports(const Fp8WgmmaSwapGroupedGemmParams& p) {
       p.a_scales == nullptr || p.weight_maps == nullptr || !Aligned(p.weight_maps, 64) ||
       p.scales == nullptr || p.scale_ld < Fp8ScaleCols(p.k) || p.scale_ld > kInt32Max ||
       p.split_rows < 0 || p.split_rows % kTileM != 0 || p.split_rows > kInt32Max ||
-      p.c == nullptr || p.ldc < p.n) {
+      (p.c == nullptr) == (p.c_bf16 == nullptr) || p.ldc < p.n) {
     return false;
   }
   return Fp8WgmmaSwapDeviceSupports();

@@ -1,7 +1,8 @@
 // The routed experts' W8A8 GEMM at decode sizes on Hopper's FP8 tensor cores, operands swapped
 // (swap-AB): per expert e, out^T = W_e * A_e^T, so the weights fill wgmma's 64-row M side and the
-// expert's few activation rows its N side (m64nNk32 e4m3, N = 8, 16, 24, 32 or 64). A CTA takes 128
-// weight rows of one expert (two m64 halves in one consumer warpgroup) and loops over its
+// expert's few activation rows its N side (m64nNk32 e4m3, N = 8, 16, 24, 32 or 64). The output
+// is fp32, or bf16 (rounded from the same fp32 results) for a consumer that reads bf16 rows. A CTA
+// takes 128 weight rows of one expert (two m64 halves in one consumer warpgroup) and loops over its
 // group's rows in chunks of N; a producer thread streams the 128 x 128-byte weight tiles and the
 // N x 128-byte activation boxes with TMA (128-byte swizzle) through an mbarrier ring. Each
 // 128-wide k block's partial sum is promoted into fp32 registers with the weight block's scale
@@ -56,9 +57,11 @@ cudaError_t Fp8WgmmaSwapBuildWeightMaps(int32_t num_groups, const uint8_t* const
 // [max_rows, lda] (Fp8QuantizeRows' q) with the activation scales in Fp8QuantizeRows' grouped
 // layout (group g's block kb of row r at a_scales[offsets[g] * Fp8ScaleCols(k) + kb * count_g +
 // r - offsets[g]]); expert g's weight scales at scales[g] (device array of device pointers), the
-// layout of Fp8BlockWeight (scale_ld, split_rows shared; split_rows a multiple of 128). c is
-// fp32 [max_rows, ldc]: columns n .. ldc - 1 and rows from offsets[num_groups] on are not
-// touched.
+// layout of Fp8BlockWeight (scale_ld, split_rows shared; split_rows a multiple of 128). The
+// output is c (fp32 [max_rows, ldc]) or, instead, c_bf16 (bf16 bits [max_rows, ldc]: each fp32
+// result rounded to the nearest bf16, ties to even; the same fp32 values as c would hold, so
+// exactly c's values rounded); exactly one of them is set. Columns n .. ldc - 1 and rows from
+// offsets[num_groups] on are not touched.
 struct Fp8WgmmaSwapGroupedGemmParams {
   int32_t num_groups = 0;
   int32_t max_rows = 0;
@@ -72,6 +75,9 @@ struct Fp8WgmmaSwapGroupedGemmParams {
   int64_t scale_ld = 0;
   int64_t split_rows = 0;
   float* c = nullptr;
+  // Instead of c. Written 8 bytes (4 columns) a thread where the address is 8-byte aligned and
+  // all 4 columns are below n (a warp's store: 8 rows x 32 bytes), 2 bytes a column otherwise.
+  uint16_t* c_bf16 = nullptr;
   int64_t ldc = 0;
   // Expected most rows in one group (0: unknown): picks N (8, 16, 24, 32 or 64 rows a chunk); any
   // group size stays correct (a group longer than N loops over chunks, each reading the weight
@@ -96,9 +102,9 @@ struct Fp8WgmmaSwapGroupedGemmParams {
 int32_t Fp8WgmmaSwapChunkRows(int32_t rows_per_group_hint);
 
 // Fp8WgmmaSwapDeviceSupports and: num_groups in 1 .. 65535, max_rows >= 1, n, k >= 1 below 2^31,
-// k a multiple of 128, a 16-byte aligned with lda a multiple of 16 and >= k, ldc >= n,
-// scale_ld >= Fp8ScaleCols(k), split_rows >= 0 and a multiple of 128, non-null pointers (offsets
-// included), weight_maps 64-byte aligned.
+// k a multiple of 128, a 16-byte aligned with lda a multiple of 16 and >= k, exactly one of c and
+// c_bf16, ldc >= n, scale_ld >= Fp8ScaleCols(k), split_rows >= 0 and a multiple of 128, non-null
+// pointers (offsets included), weight_maps 64-byte aligned.
 bool Fp8WgmmaSwapGroupedGemmSupports(const Fp8WgmmaSwapGroupedGemmParams& p);
 // cudaErrorInvalidValue (nothing launched) where Fp8WgmmaSwapGroupedGemmSupports is false.
 cudaError_t Fp8WgmmaSwapGroupedGemm(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_t stream);

@@ -9,7 +9,9 @@
 // past the groups and padding columns untouched, one CUDA-graph replay bit-identical, and the
 // same bits behind a PDL kernel (kernels::DelayedCopy) that writes the offsets, activations and
 // their scales just before the GEMM, eagerly and in a graph (a GEMM reading them before its
-// griddepcontrol.wait would see zeros).
+// griddepcontrol.wait would see zeros). The bf16 output (c_bf16), in both grid forms with and
+// without PDL and in a graph replay: every value exactly the fp32 run's value rounded to the
+// nearest bf16 (ties to even, rounded here on the host), the rest of the buffer untouched.
 // Skips itself without a compute capability 9.0 device.
 #include "kernels/gemm/fp8_wgmma_decode.h"
 
@@ -35,6 +37,14 @@ using fp8_testing::HostFp8;
 using testing::DeviceArray;
 
 constexpr double kUnit = 1.0 / 512;
+
+// fp32 to bf16 bits, nearest with ties to even (the values here are finite).
+uint16_t RoundToBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
 
 #define SKIP_WITHOUT_WGMMA()                                                               \
   do {                                                                                     \
@@ -190,9 +200,66 @@ TEST_P(Fp8WgmmaSwapTest, EachGroupMatchesItsProductOnTheHost) {
     EXPECT_TRUE(testing::SameBits(got, again, got.size()));
   }
 
-  // Captured in a CUDA graph and replayed: the same bits.
+  // The bf16 output, every form: got's values rounded to bf16, 0xFFFF (the poison) elsewhere.
   cudaStream_t stream;
   DEEPINFER_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    DeviceArray<uint16_t> dc16(size_t(max_rows) * ldc);
+    std::vector<uint16_t> want16(got.size(), 0xFFFFu);
+    for (int64_t r = 0; r < total; ++r) {
+      for (int64_t j = 0; j < n; ++j) want16[r * ldc + j] = RoundToBf16(got[r * ldc + j]);
+    }
+    auto check16 = [&](const std::vector<uint16_t>& got16, const char* what) {
+      SCOPED_TRACE(what);
+      ASSERT_EQ(got16.size(), want16.size());
+      for (int64_t r = 0; r < max_rows; ++r) {
+        for (int64_t j = 0; j < ldc; ++j) {
+          const size_t at = r * ldc + j;
+          ASSERT_EQ(got16[at], want16[at])
+              << "row " << r << " column " << j << " (fp32 " << got[at] << ")";
+        }
+      }
+    };
+    const std::pair<const Fp8WgmmaSwapGroupedGemmParams*, const char*> forms16[] = {
+        {&p, "bf16, persistent, PDL"},
+        {&plain, "bf16, persistent, plain launch"},
+        {&per_tile, "bf16, per tile, PDL"},
+        {&per_tile_plain, "bf16, per tile, plain launch"}};
+    for (const auto& [q, what] : forms16) {
+      Fp8WgmmaSwapGroupedGemmParams q16 = *q;
+      q16.c = nullptr;
+      q16.c_bf16 = dc16.get();
+      ASSERT_TRUE(Fp8WgmmaSwapGroupedGemmSupports(q16));
+      dc16.Poison();
+      DEEPINFER_CUDA_OK(Fp8WgmmaSwapGroupedGemm(q16, nullptr));
+      std::vector<uint16_t> got16;
+      DEEPINFER_CUDA_OK(dc16.Download(&got16));
+      check16(got16, what);
+      if (HasFatalFailure()) return;
+    }
+    Fp8WgmmaSwapGroupedGemmParams p16 = p;
+    p16.c = nullptr;
+    p16.c_bf16 = dc16.get();
+    dc16.Poison();
+    DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
+    cudaGraph_t graph16;
+    DEEPINFER_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const cudaError_t launched16 = Fp8WgmmaSwapGroupedGemm(p16, stream);
+    DEEPINFER_CUDA_OK(cudaStreamEndCapture(stream, &graph16));
+    DEEPINFER_CUDA_OK(launched16);
+    cudaGraphExec_t exec16;
+    DEEPINFER_CUDA_OK(cudaGraphInstantiate(&exec16, graph16, 0));
+    DEEPINFER_CUDA_OK(cudaGraphLaunch(exec16, stream));
+    DEEPINFER_CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<uint16_t> replayed16;
+    DEEPINFER_CUDA_OK(dc16.Download(&replayed16));
+    check16(replayed16, "bf16, graph replay");
+    cudaGraphExecDestroy(exec16);
+    cudaGraphDestroy(graph16);
+    if (HasFatalFailure()) return;
+  }
+
+  // Captured in a CUDA graph and replayed: the same bits.
   dc.Poison();
   DEEPINFER_CUDA_OK(cudaDeviceSynchronize());
   cudaGraph_t graph;
@@ -284,6 +351,9 @@ INSTANTIATE_TEST_SUITE_P(
         SwapCase{256, {0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 0, 12, 0, 0, 0, 0}, 2, 4096, 7168, 2048, 8, 0},
         SwapCase{256, {0, 0, 0, 0, 0, 0, 0, 33, 0, 0, 0, 0, 0, 0, 0, 0}, 2, 7168, 2048, 0, 32, 0},
         SwapCase{5, {64, 200, 0, 1, 12}, 2, 7168, 2048, 0, 16, 2},
+        // n neither a multiple of 128 nor of 4 (the last weight tile partly past n; the bf16
+        // store's last columns one by one), ldc odd (bf16 rows not 8-byte aligned).
+        SwapCase{7, kSizes, 2, 1002, 1408, 0, 16, 1},
         // Many empty experts: 1000 groups with 3 rows in every 16th (at the persistent form's
         // group limit), 1500 (above it: one CTA per tile), none busy at all.
         SwapCase{1000, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, 2, 2048, 1408, 0, 8, 0},
@@ -316,6 +386,13 @@ TEST(Fp8WgmmaSwapGroupedGemmTest, RefusesWhatItCannotRun) {
   EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
   q = p;
   q.weight_maps = buf.get() + 16;  // descriptors are 64-byte aligned
+  EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
+  q = p;
+  q.c_bf16 = reinterpret_cast<uint16_t*>(buf.get());  // both outputs
+  EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
+  q.c = nullptr;  // the bf16 one alone
+  EXPECT_TRUE(Fp8WgmmaSwapGroupedGemmSupports(q));
+  q.c_bf16 = nullptr;  // neither
   EXPECT_FALSE(Fp8WgmmaSwapGroupedGemmSupports(q));
   q = p;
   q.offsets = nullptr;  // offsets are required, one group too
