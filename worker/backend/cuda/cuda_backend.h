@@ -110,6 +110,13 @@ struct CudaTuning {
   // first size past the fused 1-2 token MoE block; Moonlight FP8 decode at 8 / 32 requests 1,637 /
   // 4,383 tok/s against 1,514 / 4,006 from 64 (docs/performance.md); tests set 1 to force it.
   int64_t fp8_swap_min_tokens = 3;
+  // The swap path's gate_up (CudaBackend::RunFp8SwapGroups) written in bf16 (each fp32 result of
+  // kernels::Fp8WgmmaSwapGroupedGemm rounded to nearest even) and the SiLU-mul quantisation
+  // reading bf16 gate and up: half the bytes of fp32 rows written and read again, and the
+  // numerics of the prefill experts (cuBLASLt's bf16 gate_up) and of the bf16 model's
+  // GateUpSiluMulBf16, g and u rounded to bf16 before silu(g) * u. false: fp32 gate_up rows (g
+  // and u exact, only the product rounded). Tests flip it to check both against one reference.
+  bool fp8_swap_gate_up_bf16 = true;
   // Batch-invariant mode (deepinfer-worker / deepinfer-bench --batch-invariant,
   // DEEPINFER_BATCH_INVARIANT=1; docs/engine.md "Batch invariance"): every op computes a row the
   // same way whatever the batch size and the row's place in it, so a request's logprobs do not
@@ -601,7 +608,8 @@ class CudaBackend : public Backend {
   // CudaTuning::fp8_swap_min_tokens tokens; `rows` the permuted rows' bound at row_align 1), the
   // values of a bf16 gather then ExpertGemmsFp8OnDevice's bf16 operands: the plan (no rows
   // gathered), each token row rounded to bf16 and quantised once into its experts' rows, gate_up
-  // (fp32), SiLU-mul rounded to bf16 and quantised in one pass, down, the combine. false
+  // (bf16, or fp32 without CudaTuning::fp8_swap_gate_up_bf16), SiLU-mul rounded to bf16 and
+  // quantised in one pass, down, the combine. false
   // (nothing launched) where it is not taken: the mode, the device, the sizes, or the weight
   // descriptors not built (a capture before the table's first eager call).
   bool RoutedExpertsFp8Swap(const RoutedExpertsArgs& a, int64_t rows);

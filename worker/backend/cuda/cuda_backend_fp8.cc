@@ -491,6 +491,10 @@ bool CudaBackend::Fp8SwapTakes(const RoutedExpertsArgs& a, int32_t num_groups) {
     p->offsets = reinterpret_cast<const int32_t*>(kProbe);
     p->a = reinterpret_cast<const uint8_t*>(kProbe), p->a_scales = kProbe;
     p->weight_maps = kProbe, p->c = const_cast<float*>(kProbe);
+    if (p == &gu && tuning_.fp8_swap_gate_up_bf16) {
+      p->c = nullptr;
+      p->c_bf16 = reinterpret_cast<uint16_t*>(const_cast<float*>(kProbe));
+    }
     p->scales = reinterpret_cast<const float* const*>(kProbe);
     if (!kernels::Fp8WgmmaSwapGroupedGemmSupports(*p)) return false;
   }
@@ -539,21 +543,31 @@ void CudaBackend::RunFp8SwapGroups(const RoutedExpertsArgs& a, int64_t rows, con
   const int64_t width = std::max(H, I);
   auto q = AllocateScratch(rows * width);
   auto q_scales = AllocateScratch(rows * kernels::Fp8ScaleCols(width) * sizeof(float));
-  auto gate_up = AllocateScratch(rows * 2 * I * sizeof(float));
+  // gate_up in bf16 (CudaTuning::fp8_swap_gate_up_bf16): g and u rounded to bf16 before the
+  // SiLU-mul, as the prefill experts' cuBLASLt gate_up and GateUpSiluMulBf16 round them.
+  const bool gate_up_bf16 = tuning_.fp8_swap_gate_up_bf16;
+  auto gate_up = AllocateScratch(rows * 2 * I * (gate_up_bf16 ? sizeof(uint16_t) : sizeof(float)));
   auto expert_out = AllocateScratch(rows * H * sizeof(float));
   // Each group's rows quantised with their scales packed for the group (Fp8QuantizeRows'
   // grouped layout, which the swap kernel reads). The rows are those of a bf16 gather (each
   // token row rounded to bf16, then quantised once and written to its groups' rows) and of
-  // SiluMulF32ToBf16's product; row_align 1: no group padding rows.
+  // SiluMulBf16's (bf16 gate_up) or SiluMulF32ToBf16's (fp32) product; row_align 1: no group
+  // padding rows.
   kernels::Fp8QuantizeParams qp;
   qp.m = T, qp.k = H, qp.a = a.hidden, qp.round_bf16 = true, qp.lda = H;
   qp.q = q->as<uint8_t>(), qp.ldq = H, qp.scales = q_scales->as<float>(), qp.m_pad = T;
   qp.group_offsets = offsets, qp.num_groups = g.num_groups;
   qp.dest_rows = perm.choice_row->as<int32_t>(), qp.dests_per_row = static_cast<int32_t>(K + S);
   Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(gate_up)");
-  gu.a = q->as<uint8_t>(), gu.a_scales = q_scales->as<float>(), gu.c = gate_up->as<float>();
+  gu.a = q->as<uint8_t>(), gu.a_scales = q_scales->as<float>();
+  if (gate_up_bf16) {
+    gu.c_bf16 = gate_up->as<uint16_t>();
+  } else {
+    gu.c = gate_up->as<float>();
+  }
   Check(kernels::Fp8WgmmaSwapGroupedGemm(gu, stream_), "kernels::Fp8WgmmaSwapGroupedGemm(gate_up)");
   qp.m = rows, qp.k = I, qp.a = gate_up->data(), qp.round_bf16 = false, qp.silu_mul = true;
+  qp.a_bf16 = gate_up_bf16;
   qp.lda = 2 * I, qp.ldq = I, qp.m_pad = rows;
   qp.dest_rows = nullptr, qp.dests_per_row = 0;
   Check(kernels::Fp8QuantizeRows(qp, stream_), "kernels::Fp8QuantizeRows(silu_mul)");

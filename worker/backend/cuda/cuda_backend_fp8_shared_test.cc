@@ -7,8 +7,10 @@
 // routed swap path's (CudaFp8SwapRoutedExpertsTest in cuda_backend_fp8_test.cc), the shared
 // MLP's S parts each counted as a choice of weight 1. S = 1 (DeepSeek-V3's layout: the shared
 // matrices are the part) and S = 2 (Moonlight's: parts copied out of the shared matrices), the
-// shared scales with a wider row stride than the routed experts'. The op timing report shows
-// the path taken. Skips without compute capability 9.0.
+// shared scales with a wider row stride than the routed experts'. gate_up in bf16 (the default
+// CudaTuning::fp8_swap_gate_up_bf16: g and u rounded to bf16 before the SiLU-mul, 2^-8 of each
+// plus its bound added to gate_up's bound, as in the routed test) and in fp32. The op timing
+// report shows the path taken. Skips without compute capability 9.0.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -91,11 +93,13 @@ class CudaFp8SharedSwapTest : public CudaBackendTest {
   // Adds weight * MLP(x) of one choice to want and its bound to tol (the routed swap test's
   // terms: gate_up's bound carried through silu(g) * u, one e4m3 step (2^-3) twice of the
   // largest down product for the quantised act, a block scale following its largest act, and
-  // down's own bound).
+  // down's own bound). gate_up_bf16: g and u each rounded to bf16 before the SiLU-mul (at most
+  // 2^-9 relative, 2^-8 allowed, of the value plus its bound).
   static void AddChoice(const std::vector<float>& x_bf16, const HostMlp& m, double weight,
-                        std::vector<double>* want, std::vector<double>* tol) {
+                        bool gate_up_bf16, std::vector<double>* want, std::vector<double>* tol) {
     const int64_t inter = m.inter;
     const double step = std::ldexp(1.0, -3);
+    const double gate_up_step = gate_up_bf16 ? std::ldexp(1.0, -8) : 0.0;
     std::vector<double> g, gmag;
     HostGemv(QuantisedActivations(x_bf16, 1, H), m.gate_up.data(), 2 * inter, H, &g, &gmag);
     std::vector<float> act(inter);
@@ -104,7 +108,9 @@ class CudaFp8SharedSwapTest : public CudaBackendTest {
     for (int64_t i = 0; i < inter; ++i) {
       const double gate = g[i], up = g[inter + i];
       const double sg = gate / (1.0 + std::exp(-gate));
-      const double dg = Bound(H, gmag[i], gate), du = Bound(H, gmag[inter + i], up);
+      const double bg = Bound(H, gmag[i], gate), bu = Bound(H, gmag[inter + i], up);
+      const double dg = bg + gate_up_step * (std::abs(gate) + bg);
+      const double du = bu + gate_up_step * (std::abs(up) + bu);
       act[i] = static_cast<float>(sg * up);
       dact[i] = 1.1 * dg * (std::abs(up) + du) + std::abs(sg) * du;
       act_max = std::max(act_max, std::abs(static_cast<double>(act[i])));
@@ -126,15 +132,19 @@ class CudaFp8SharedSwapTest : public CudaBackendTest {
   }
 
   // RoutedAndSharedExperts at T tokens with a shared MLP of S * inter; replayed from a CUDA graph
-  // after an eager call (the model's warm-up, which builds the shared groups) with `graph`.
-  void Run(int32_t T, int64_t S, bool graph) {
+  // after an eager call (the model's warm-up, which builds the shared groups) with `graph`;
+  // gate_up in bf16 or fp32 (CudaTuning::fp8_swap_gate_up_bf16).
+  void Run(int32_t T, int64_t S, bool graph, bool gate_up_bf16 = true) {
     const uint32_t seed = testing::FreshSeed();
-    SCOPED_TRACE(::testing::Message() << "seed " << seed << " tokens " << T << " shared parts " << S
-                                      << (graph ? " replayed" : " eager"));
+    SCOPED_TRACE(::testing::Message()
+                 << "seed " << seed << " tokens " << T << " shared parts " << S
+                 << (graph ? " replayed" : " eager") << (gate_up_bf16 ? "" : " fp32 gate_up"));
     std::mt19937 gen(seed);
     // A backend per case: it keeps a layer's shared groups by the weights' addresses, which a
     // later case's fresh weights may take again.
-    auto b = CudaBackend::Create(0, WeightDType::kBFloat16);
+    CudaTuning tuning;
+    tuning.fp8_swap_gate_up_bf16 = gate_up_bf16;
+    auto b = CudaBackend::Create(0, WeightDType::kBFloat16, tuning);
     ASSERT_TRUE(b.ok()) << b.status();
     gpu_ = std::move(*b);
     const int64_t SI = S * I;
@@ -226,9 +236,9 @@ class CudaFp8SharedSwapTest : public CudaBackendTest {
       for (float& v : xt) v = RoundToBf16(v);  // the swap path quantises the bf16 token rows
       std::vector<double> want(H, 0.0), tol(H, 0.0);
       for (int64_t k = 0; k < K; ++k) {
-        AddChoice(xt, routed[ids[t * K + k]], wts[t * K + k], &want, &tol);
+        AddChoice(xt, routed[ids[t * K + k]], wts[t * K + k], gate_up_bf16, &want, &tol);
       }
-      for (const HostMlp& m : parts) AddChoice(xt, m, 1.0, &want, &tol);
+      for (const HostMlp& m : parts) AddChoice(xt, m, 1.0, gate_up_bf16, &want, &tol);
       for (int64_t h = 0; h < H; ++h) {
         ASSERT_LE(std::abs(got[t * H + h] - want[h]), tol[h] + 1e-6)
             << "token " << t << " column " << h << " got " << got[t * H + h] << " want " << want[h];
@@ -250,6 +260,13 @@ TEST_F(CudaFp8SharedSwapTest, TwoSharedParts) {
 TEST_F(CudaFp8SharedSwapTest, ReplayedFromACudaGraph) {
   Run(8, 2, true);
   Run(128, 1, true);
+}
+
+TEST_F(CudaFp8SharedSwapTest, Fp32GateUp) {
+  ASSERT_TRUE(CudaTuning().fp8_swap_gate_up_bf16);  // the other cases run the default
+  Run(8, 2, false, /*gate_up_bf16=*/false);
+  Run(128, 1, false, /*gate_up_bf16=*/false);
+  Run(128, 2, true, /*gate_up_bf16=*/false);
 }
 
 }  // namespace

@@ -301,13 +301,19 @@ TEST_F(CudaFp8Test, GateUpSiluMulOnFp8Weights) {
 // an fp32-level difference in g or u can move that rounding by one step for an element near a
 // rounding boundary: 2^-8 of its product on the bf16 paths, 2^-3 on the W8A8 path (e4m3, and the
 // block's scale can follow its largest element), so each choice is allowed two such steps of its
-// largest product plus its GEMMs' bounds.
+// largest product plus its GEMMs' bounds. Where gate_up is written in bf16 (the per-expert W8A8
+// path; the swap path with CudaTuning::fp8_swap_gate_up_bf16) g and u are each rounded to bf16
+// before the SiLU-mul, a relative error of at most 2^-9 (half a bf16 ulp; 2^-8 allowed) of g
+// plus its bound and u plus its bound, carried through silu(g) * u as gate_up's own bound is
+// (|silu'| <= 1.1) and into the down GEMM through `carried` and the block scales' `rescaled`.
 class CudaFp8RoutedExpertsTest : public CudaFp8Test {
  protected:
   static constexpr int64_t E = 16, K = 4, H = 256;
   int64_t I = 96;
   // The device path on kernels::Fp8WgmmaSwapGroupedGemm (W8A8; CudaTuning::fp8_swap_min_tokens).
   bool swap = false;
+  // The backend's CudaTuning::fp8_swap_gate_up_bf16 (the swap path's gate_up rows in bf16).
+  bool swap_gate_up_bf16 = false;
 
   void Run(int64_t T, bool graph) {
     const uint32_t seed = testing::FreshSeed();
@@ -401,6 +407,8 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
     // The W8A8 path keeps the bf16 experts' intermediate precision: gate_up, the SiLU-mul product
     // and down's output each rounded to bf16 (half an ulp: 2^-9 relative; 2^-8 allowed).
     const double bf16_step = w8a8 ? std::ldexp(1.0, -8) : 0.0;
+    // gate_up rounded to bf16 (g and u): the per-expert W8A8 path and the swap path's bf16 rows.
+    const double gate_up_step = w8a8 || (swap && swap_gate_up_bf16) ? std::ldexp(1.0, -8) : 0.0;
 
     for (int64_t t = 0; t < T; ++t) {
       std::vector<double> want(H, 0.0), tol(H, 0.0);
@@ -425,8 +433,8 @@ class CudaFp8RoutedExpertsTest : public CudaFp8Test {
           const double sg = gate / (1.0 + std::exp(-gate));
           const double bg = Bound(numerics, H, gmag[i], gate),
                        bu = Bound(numerics, H, gmag[I + i], up);
-          const double dg = bg + bf16_step * (std::abs(gate) + bg);
-          const double du = bu + bf16_step * (std::abs(up) + bu);
+          const double dg = bg + gate_up_step * (std::abs(gate) + bg);
+          const double du = bu + gate_up_step * (std::abs(up) + bu);
           act[i] = static_cast<float>(sg * up);
           const double dact_product = 1.1 * dg * (std::abs(up) + du) + std::abs(sg) * du;
           dact[i] = dact_product + bf16_step * (std::abs(sg * up) + dact_product);
@@ -477,20 +485,29 @@ TEST_F(CudaFp8RoutedExpertsTest, PrefillPerExpert) {
 
 // CudaTuning::fp8_swap_min_tokens 1: the device path's expert GEMMs on
 // kernels::Fp8WgmmaSwapGroupedGemm (inter 128: its k a multiple of 128), W8A8 numerics, eager and
-// replayed from a CUDA graph (its weight descriptors built by an eager call first).
+// replayed from a CUDA graph (its weight descriptors built by an eager call first); gate_up in
+// bf16 (the default) and in fp32 (CudaTuning::fp8_swap_gate_up_bf16 false), each against the
+// host reference with its own bound.
 class CudaFp8SwapRoutedExpertsTest : public CudaFp8RoutedExpertsTest {
  protected:
   void SetUp() override {
     CudaFp8RoutedExpertsTest::SetUp();
     if (IsSkipped()) return;
     if (!kernels::Fp8WgmmaSwapDeviceSupports()) GTEST_SKIP() << "no FP8 wgmma on this device";
+    ASSERT_TRUE(CudaTuning().fp8_swap_gate_up_bf16);  // the default
+    UseSwapBackend(/*gate_up_bf16=*/true);
+    I = 128;
+    swap = true;
+  }
+
+  void UseSwapBackend(bool gate_up_bf16) {
     CudaTuning tuning;
     tuning.fp8_swap_min_tokens = 1;
+    tuning.fp8_swap_gate_up_bf16 = gate_up_bf16;
     auto b = CudaBackend::Create(0, WeightDType::kBFloat16, tuning);
     ASSERT_TRUE(b.ok()) << b.status();
     gpu_ = std::move(*b);
-    I = 128;
-    swap = true;
+    swap_gate_up_bf16 = gate_up_bf16;
   }
 };
 
@@ -501,6 +518,19 @@ TEST_F(CudaFp8SwapRoutedExpertsTest, DecodeSizes) {
 }
 
 TEST_F(CudaFp8SwapRoutedExpertsTest, ReplayedFromACudaGraph) {
+  Run(3, true);
+  Run(70, true);
+}
+
+TEST_F(CudaFp8SwapRoutedExpertsTest, DecodeSizesWithFp32GateUp) {
+  UseSwapBackend(/*gate_up_bf16=*/false);
+  Run(1, false);
+  Run(9, false);
+  Run(70, false);
+}
+
+TEST_F(CudaFp8SwapRoutedExpertsTest, ReplayedFromACudaGraphWithFp32GateUp) {
+  UseSwapBackend(/*gate_up_bf16=*/false);
   Run(3, true);
   Run(70, true);
 }
