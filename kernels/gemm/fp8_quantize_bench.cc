@@ -15,7 +15,8 @@
 //  * permute: the fp32 token rows rounded to bf16, each written to its 8 rows (round_bf16,
 //    dest_rows; QuantizeScatterKernel<1>);
 //  * silu_mul-f32: bf16(silu(g) * u) of the fp32 [gate | up] rows, 2 x 1408 wide
-//    (QuantizeKernel<4>).
+//    (QuantizeKernel<4>; CudaTuning::fp8_swap_gate_up_bf16 false);
+//  * silu_mul-bf16: the same of bf16 [gate | up] rows (the swap GEMM's c_bf16; the default).
 //   kGraphCalls calls recorded in one CUDA graph; time per call = median graph time /
 //   kGraphCalls. The inputs stay in the L2 between calls, as in a decode step, where the kernel
 //   before the quantisation has just written them.
@@ -208,6 +209,11 @@ void RunDecode() {
   p.dest_rows = nullptr, p.dests_per_row = 0;
   us = GraphMicrosPerCall(stream, [&] { return kernels::Fp8QuantizeRows(p, stream); });
   Report("decode", "silu_mul-f32", rows, I, rows * (2 * I * 4.0 + I + i_blocks * 4.0), us * 1e-3);
+
+  // The fp32 rows' values as bf16 bits (any values do: the time does not depend on them).
+  p.a = gate_up, p.a_bf16 = true;
+  us = GraphMicrosPerCall(stream, [&] { return kernels::Fp8QuantizeRows(p, stream); });
+  Report("decode", "silu_mul-bf16", rows, I, rows * (2 * I * 2.0 + I + i_blocks * 4.0), us * 1e-3);
   BENCH_CUDA(cudaStreamDestroy(stream));
 }
 

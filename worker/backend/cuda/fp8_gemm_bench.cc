@@ -508,6 +508,16 @@ void GroupedBench(const MoeShape& ms) {
                                      BENCH_CUDA(kernels::Fp8WgmmaSwapGroupedGemm(tp, st));
                                    })
                      : -1;
+      // The persistent form writing bf16 (c_bf16, into c's memory): RunFp8SwapGroups' gate_up.
+      kernels::Fp8WgmmaSwapGroupedGemmParams bp16 = sp;
+      bp16.c = nullptr;
+      bp16.c_bf16 = reinterpret_cast<uint16_t*>(c);
+      const double swap_bf16_us =
+          swap_takes ? GraphMicros(4,
+                                   [&](int, cudaStream_t st) {
+                                     BENCH_CUDA(kernels::Fp8WgmmaSwapGroupedGemm(bp16, st));
+                                   })
+                     : -1;
       const double quant_us =
           swap_takes
               ? GraphMicros(
@@ -559,11 +569,11 @@ void GroupedBench(const MoeShape& ms) {
       const double swap_all = swap_us + quant_us;
       std::printf(
           "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | fp8 wgmma-swap %8.2f us %5.0f GB/s | "
-          "per-tile %8.2f us %5.0f GB/s | quant %6.2f us | swap+quant vs mma %5.2fx | swap+quant "
-          "vs bf16 %5.2fx (hint %d, N %d)\n",
+          "per-tile %8.2f us %5.0f GB/s | bf16 out %8.2f us | quant %6.2f us | swap+quant vs mma "
+          "%5.2fx | swap+quant vs bf16 %5.2fx (hint %d, N %d)\n",
           ms.name, gate_up ? "gate_up" : "down", static_cast<long>(n), static_cast<long>(k), tokens,
           busy, swap_us, swap_us > 0 ? fp8_busy / swap_us / 1e3 : 0.0, tile_us,
-          tile_us > 0 ? fp8_busy / tile_us / 1e3 : 0.0, quant_us,
+          tile_us > 0 ? fp8_busy / tile_us / 1e3 : 0.0, swap_bf16_us, quant_us,
           swap_us > 0 && mma_us > 0 ? mma_us / swap_all : 0.0,
           swap_us > 0 ? bf16_us / swap_all : 0.0, sp.rows_per_group_hint,
           kernels::Fp8WgmmaSwapChunkRows(sp.rows_per_group_hint));
