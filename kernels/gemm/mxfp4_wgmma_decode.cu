@@ -168,7 +168,8 @@ __device__ __forceinline__ Unit FindUnit(const int32_t* prefix, int32_t num_grou
 
 // One thread's A fragments of one m64 half (h) of a k block: the four 32-wide steps' registers,
 // widened from the stage's packed tile with each (row, 32-block) scale folded into the table.
-// rows: this thread's two tile rows in the half; dsel: the table entry per (row, step).
+// row0: the thread's first tile row in the half (the second 8 below); entry: the table entry per
+// (row, step).
 __device__ __forceinline__ void WidenHalf(uint32_t w_stage, uint32_t table, int row0,
                                           const uint32_t (&entry)[2][4], uint32_t (&a)[4][4]) {
   const int t = threadIdx.x % 4;
@@ -300,21 +301,48 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // This thread's tile rows: 64 h + row0 + 8 r.
   const int row0 = warp * 16 + lane / 4;
-  uint32_t it = 0;
-  for (int32_t u = blockIdx.x; u < total; u += gridDim.x) {
-    const Unit w = FindUnit<N>(prefix, num_groups, args.offsets, u);
-    const int32_t c0 = w.ch * N + 2 * (lane % 4);  // this thread's first activation row
-    const float* sa_group = args.a_scales + int64_t{w.r0} * k_blocks;
-    // The thread's four weight rows' scale words (rows past n read row n - 1: TMA zero-fills
-    // their weights, their results are not stored).
-    const uint8_t* srow[2][2];
+  // The scales of one (unit, k block) step, loaded a step ahead (the next unit's first block
+  // during the current unit's last): the thread's four weight rows' scale words (rows past n read
+  // row n - 1: TMA zero-fills their weights, their results are not stored) and its activation
+  // rows' block scales (0 past the group).
+  auto load_scales = [&](const Unit& x, const uint8_t* wsc, int kb, uint32_t(&s4)[2][2],
+                         float(&sa)[N / 8][2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int32_t j = min(w.m0 + 64 * h + row0 + 8 * r, args.n - 1);
-        srow[h][r] = args.scales[w.g] + int64_t{j} * args.scale_ld;
+        const int32_t j = min(x.m0 + 64 * h + row0 + 8 * r, args.n - 1);
+        s4[h][r] = __ldg(reinterpret_cast<const uint32_t*>(wsc + int64_t{j} * args.scale_ld) + kb);
       }
+    }
+    const float* sa_block = args.a_scales + int64_t{x.r0} * k_blocks + int64_t{kb} * x.count;
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int32_t r = x.ch * N + 2 * (lane % 4) + 8 * i + q;
+        sa[i][q] = r < x.count ? __ldg(sa_block + r) : 0.0f;
+      }
+    }
+  };
+  Unit w{};
+  const uint8_t* wsc = nullptr;
+  uint32_t next_s4[2][2] = {};
+  float next_sa[N / 8][2] = {};
+  if (int32_t(blockIdx.x) < total) {
+    w = FindUnit<N>(prefix, num_groups, args.offsets, blockIdx.x);
+    wsc = args.scales[w.g];
+    load_scales(w, wsc, 0, next_s4, next_sa);
+  }
+  uint32_t it = 0;
+  for (int32_t u = blockIdx.x; u < total; u += gridDim.x) {
+    const int32_t c0 = w.ch * N + 2 * (lane % 4);  // this thread's first activation row
+    const int32_t u_next = u + gridDim.x;
+    Unit w_next = w;
+    const uint8_t* wsc_next = wsc;
+    if (u_next < total) {
+      w_next = FindUnit<N>(prefix, num_groups, args.offsets, u_next);
+      wsc_next = args.scales[w_next.g];
     }
     float acc[2][kRegs];
 #pragma unroll
@@ -324,24 +352,29 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
       const uint32_t s = it % kStages, phase = (it / kStages) & 1;
+      uint32_t s4[2][2];
+      float sa[N / 8][2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) s4[h][r] = next_s4[h][r];
+      }
+#pragma unroll
+      for (int i = 0; i < N / 8; ++i) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) sa[i][q] = next_sa[i][q];
+      }
+      if (kb + 1 < k_blocks) {
+        load_scales(w, wsc, kb + 1, next_s4, next_sa);
+      } else if (u_next < total) {
+        load_scales(w_next, wsc_next, 0, next_s4, next_sa);
+      }
       float pow2[2][2];
       uint32_t entry[2][2][4];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const uint32_t s4 = __ldg(reinterpret_cast<const uint32_t*>(srow[h][r]) + kb);
-          BlockScales(s4, &pow2[h][r], entry[h][r]);
-        }
-      }
-      float sa[N / 8][2];
-#pragma unroll
-      for (int i = 0; i < N / 8; ++i) {
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int32_t r = c0 + 8 * i + q;
-          sa[i][q] = r < w.count ? __ldg(sa_group + int64_t{kb} * w.count + r) : 0.0f;
-        }
+        for (int r = 0; r < 2; ++r) BlockScales(s4[h][r], &pow2[h][r], entry[h][r]);
       }
       float part[2][kRegs];
       uint32_t a[2][4][4];
@@ -395,6 +428,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     }
+    w = w_next;
+    wsc = wsc_next;
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
