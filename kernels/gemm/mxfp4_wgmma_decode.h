@@ -28,9 +28,10 @@
 //
 // No host synchronisation and nothing copied per call (graph-capturable): the weight descriptors
 // live in device memory (Mxfp4WgmmaSwapBuildWeightMaps, once per weight set), the activations'
-// descriptor is encoded on the host per call. Deterministic: no atomics; a row's result depends on
-// neither N nor the other rows. The weight descriptors and the scale pointer table are read before
-// the kernel waits for the kernels ahead of it (`pdl`): no kernel in the stream may write them.
+// descriptor is encoded on the host per call. Deterministic for a given N (no atomics, a fixed
+// order of additions); a row's result does not depend on the other rows. Under programmatic
+// dependent launch (`pdl`) only shared memory, the mbarriers and the activations' descriptor (a
+// kernel parameter) are touched before the kernel waits for the kernels ahead of it.
 //
 // Compiled for sm_90a only: Mxfp4WgmmaSwapDeviceSupports is false on any device other than
 // compute capability 9.0.
