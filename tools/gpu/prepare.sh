@@ -75,6 +75,7 @@ tests=(
   //kernels/gemm:fp8_wgmma_decode_test
   //kernels/gemm:mxfp4_mma_gemm_test
   //kernels/gemm:mxfp4_w4a8_gemm_test
+  //kernels/gemm:mxfp4_wgmma_decode_test
   //kernels/gemm:mxfp4_dequant_test
   //kernels/gemm:staged_gemv_test
   //kernels/gemm:staged_gemv_fp8_test

@@ -200,6 +200,7 @@ CudaBackend::~CudaBackend() {
   lt_tuner_.reset();
   lt_fp8_.reset();
   for (auto& [key, maps] : fp8_swap_maps_) cudaFree(maps.device);
+  for (auto& [key, maps] : mxfp4_swap_maps_) cudaFree(maps.device);
   for (auto& [key, shared] : fp8_swap_shared_) cudaFree(shared.storage);
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);

@@ -159,6 +159,13 @@ struct CudaTuning {
   // the fused 1-2 token MoE block, as fp8_swap_min_tokens. Tests set 0 to keep W4A16.
   int64_t mxfp4_w4a8_min_tokens = 3;
   int64_t mxfp4_w4a8_max_tokens = 128;
+  // On the W4A8 path above: true runs each expert GEMM whose weights fit on
+  // kernels::Mxfp4WgmmaSwapGroupedGemm (swap-AB wgmma, e2m1 widened to e4m3 in registers; compute
+  // capability 9.0, k a multiple of 128, the scale rows' stride a multiple of 4, the host pointer
+  // tables given, every 128-wide k block of every expert within the kernel's exponent bound,
+  // checked once per weight table outside a capture); a GEMM that does not fit stays on
+  // kernels::Mxfp4W4a8GroupedGemm. The same products; the sums in another order. false: W4A8 only.
+  bool mxfp4_wgmma_swap = false;
   // The bound of RoutedExperts' bf16 copies of MXFP4 experts (Mxfp4DequantGroupExperts,
   // backend.h); the memory plan reserves for the default. Tests lower it to run several groups.
   int64_t mxfp4_dequant_scratch_bytes = kMxfp4DequantScratchBoundBytes;
@@ -581,6 +588,14 @@ class CudaBackend : public Backend {
   // their groups' places, gate_up, SiLU-mul quantised (with a clamp: gate_up rounded to bf16,
   // SiluMulBf16 with the limit, then quantised), down, the combine.
   void RoutedExpertsMxfp4W4a8(const RoutedExpertsArgs& a, int64_t rows);
+  // kernels::Mxfp4WgmmaSwapGroupedGemm's weight descriptors of one MXFP4 expert table (device
+  // `table` and `scales`, host copy host_table [num_experts], each matrix [n, k]): built with the
+  // exponent-bound check (host synchronisations) at the first call with these pointers outside a
+  // capture and kept until the backend goes; null where the kernel does not take the table (not
+  // built, a matrix beyond the bound, sizes or device).
+  const void* Mxfp4SwapWeightMaps(const void* const* table, const void* const* host_table,
+                                  const uint8_t* const* scales, int64_t scale_ld,
+                                  int32_t num_experts, int64_t n, int64_t k);
   // Whether RoutedExperts takes MXFP4 experts to the cuBLAS path (widened to bf16): valid MXFP4
   // arguments, more than kMxfp4MaxDeviceTokens tokens, not keep_on_device, not `captured`.
   static bool Mxfp4ExpertsOnCublas(const RoutedExpertsArgs& a, bool captured);
@@ -777,6 +792,14 @@ class CudaBackend : public Backend {
     std::vector<const void*> weights;
   };
   std::map<std::tuple<const void*, int64_t, int64_t>, Fp8SwapMaps> fp8_swap_maps_;
+  // Mxfp4SwapWeightMaps' descriptors by (device table, n, k): the host pointers they were built
+  // from, and whether the table fits the kernel's exponent bound (device null where it does not).
+  struct Mxfp4SwapMaps {
+    void* device = nullptr;
+    std::vector<const void*> weights;
+    bool checked = false, fits = false;
+  };
+  std::map<std::tuple<const void*, int64_t, int64_t>, Mxfp4SwapMaps> mxfp4_swap_maps_;
   // Fp8SwapSharedGroups' by (routed gate_up table, shared gate_up), with what they were built
   // from; storage (cudaMalloc'ed) holds the descriptors, tables, scales and copies.
   struct Fp8SwapShared {

@@ -2,7 +2,9 @@
 // layout). Decode sizes (and any size while captured): the permutation to bf16 rows,
 // kernels::Mxfp4MmaGroupedGemm for gate_up and down, the combine, the group extents on the
 // device; in CudaTuning::mxfp4_w4a8_min_tokens .. mxfp4_w4a8_max_tokens the rows quantised to
-// e4m3 instead and both GEMMs on kernels::Mxfp4W4a8GroupedGemm (W4A8). Prefill sizes:
+// e4m3 instead and both GEMMs on kernels::Mxfp4W4a8GroupedGemm (W4A8), or with
+// CudaTuning::mxfp4_wgmma_swap each GEMM whose weights fit on kernels::Mxfp4WgmmaSwapGroupedGemm
+// (swap-AB wgmma) on the same e4m3 rows. Prefill sizes:
 // RoutedExperts' cuBLAS path, fed with the experts widened to bf16 a group at a time
 // (ExpertGemmsMxfp4Widened).
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "kernels/gemm/mxfp4_dequant.h"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
 #include "kernels/gemm/mxfp4_w4a8_gemm.h"
+#include "kernels/gemm/mxfp4_wgmma_decode.h"
 #include "kernels/moe/expert_activation.h"
 #include "kernels/moe/moe_permute.h"
 #include "worker/backend/cuda/cuda_backend.h"
@@ -154,6 +157,45 @@ bool CudaBackend::RoutedExpertsMxfp4(const RoutedExpertsArgs& a) {
   return true;
 }
 
+const void* CudaBackend::Mxfp4SwapWeightMaps(const void* const* table,
+                                             const void* const* host_table,
+                                             const uint8_t* const* scales, int64_t scale_ld,
+                                             int32_t num_experts, int64_t n, int64_t k) {
+  if (host_table == nullptr || scales == nullptr || num_experts < 1 || k % 128 != 0 ||
+      scale_ld % 4 != 0 || !kernels::Mxfp4WgmmaSwapDeviceSupports()) {
+    return nullptr;
+  }
+  const std::vector<const void*> weights(host_table, host_table + num_experts);
+  Mxfp4SwapMaps& maps = mxfp4_swap_maps_[std::make_tuple(static_cast<const void*>(table), n, k)];
+  if (maps.checked && maps.weights == weights) return maps.fits ? maps.device : nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  Check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  maps.checked = false;
+  maps.weights = weights;
+  const auto* device_weights = reinterpret_cast<const uint8_t* const*>(table);
+  if (kernels::Mxfp4WgmmaSwapCheck(num_experts, device_weights, scales, n, k, scale_ld, &maps.fits,
+                                   stream_) != cudaSuccess) {
+    maps.weights.clear();  // checked again at the next call
+    return nullptr;
+  }
+  maps.checked = true;
+  if (!maps.fits) return nullptr;
+  if (maps.device == nullptr && cudaMalloc(&maps.device, kernels::Mxfp4WgmmaSwapWeightMapsBytes(
+                                                             num_experts)) != cudaSuccess) {
+    maps.device = nullptr;
+    maps.checked = false;
+    return nullptr;
+  }
+  if (kernels::Mxfp4WgmmaSwapBuildWeightMaps(
+          num_experts, reinterpret_cast<const uint8_t* const*>(weights.data()), n, k, maps.device,
+          stream_) != cudaSuccess) {
+    maps.checked = false;
+    return nullptr;
+  }
+  return maps.device;
+}
+
 void CudaBackend::RoutedExpertsMxfp4W4a8(const RoutedExpertsArgs& a, int64_t rows) {
   const int64_t T = a.num_tokens, K = a.top_k, H = a.hidden_size, I = a.inter;
   const int32_t E = a.num_experts;
@@ -193,7 +235,26 @@ void CudaBackend::RoutedExpertsMxfp4W4a8(const RoutedExpertsArgs& a, int64_t row
   g.scales = a.gate_up_mx_scales;
   g.scale_ld = a.gate_up_scale_ld;
   g.c = gate_up->as<float>();
-  {
+  // The swap-AB kernel for a GEMM whose weight table fits it (CudaTuning::mxfp4_wgmma_swap), on
+  // the same e4m3 rows and scales; else W4A8.
+  auto swap_gemm = [&](const void* const* table, const void* const* host_table,
+                       const uint8_t* const* scales, int64_t scale_ld, int64_t n, int64_t k,
+                       float* c) {
+    if (!tuning_.mxfp4_wgmma_swap) return false;
+    kernels::Mxfp4WgmmaSwapGroupedGemmParams s;
+    s.weight_maps = Mxfp4SwapWeightMaps(table, host_table, scales, scale_ld, E, n, k);
+    if (s.weight_maps == nullptr) return false;
+    s.num_groups = E, s.max_rows = static_cast<int32_t>(rows), s.offsets = offsets;
+    s.n = n, s.k = k, s.a = q->as<uint8_t>(), s.lda = k, s.a_scales = q_scales->as<float>();
+    s.scales = scales, s.scale_ld = scale_ld, s.c = c, s.ldc = n;
+    s.rows_per_group_hint = g.rows_per_group_hint;
+    if (!kernels::Mxfp4WgmmaSwapGroupedGemmSupports(s)) return false;
+    PhaseTimer phase(this, "RoutedExpertsMxfp4W4a8/wgmma-swap", true);
+    Check(kernels::Mxfp4WgmmaSwapGroupedGemm(s, stream_), "kernels::Mxfp4WgmmaSwapGroupedGemm");
+    return true;
+  };
+  if (!swap_gemm(a.gate_up, a.gate_up_host, a.gate_up_mx_scales, a.gate_up_scale_ld, 2 * I, H,
+                 gate_up->as<float>())) {
     PhaseTimer phase(this, "RoutedExpertsMxfp4W4a8/gate_up", true);
     Check(kernels::Mxfp4W4a8GroupedGemm(g, stream_), "kernels::Mxfp4W4a8GroupedGemm(gate_up)");
   }
@@ -226,7 +287,8 @@ void CudaBackend::RoutedExpertsMxfp4W4a8(const RoutedExpertsArgs& a, int64_t row
   g.scales = a.down_mx_scales;
   g.scale_ld = a.down_scale_ld;
   g.c = expert_out->as<float>();
-  {
+  if (!swap_gemm(a.down, a.down_host, a.down_mx_scales, a.down_scale_ld, H, I,
+                 expert_out->as<float>())) {
     PhaseTimer phase(this, "RoutedExpertsMxfp4W4a8/down", true);
     Check(kernels::Mxfp4W4a8GroupedGemm(g, stream_), "kernels::Mxfp4W4a8GroupedGemm(down)");
   }

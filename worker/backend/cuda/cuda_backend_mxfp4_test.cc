@@ -21,7 +21,10 @@
 // step (2^-3 of it) and the block's scale follows its largest value (a relative change of up to
 // the largest act's deviation, as the FP8 W8A8 test allows); each FP8 MMA's sum over a 32-value
 // block is allowed 2^-13 of the block's sum of |products| (the tensor core's FP8 accumulation is
-// not specified as fp32; mxfp4_w4a8_gemm_test). Skips without a GPU.
+// not specified as fp32; mxfp4_w4a8_gemm_test). With CudaTuning::mxfp4_wgmma_swap the same e4m3
+// rows go through kernels::Mxfp4WgmmaSwapGroupedGemm for each GEMM whose k is a multiple of 128
+// (the others stay on W4A8): its tensor cores add a 128-wide block's products before the fp32
+// promotion, allowed 2^-10 of the block's sum of |products|. Skips without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -33,6 +36,7 @@
 #include "gtest/gtest.h"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
 #include "kernels/gemm/mxfp4_w4a8_gemm.h"
+#include "kernels/gemm/mxfp4_wgmma_decode.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "worker/backend/bf16.h"
 #include "worker/backend/cuda/cuda_backend.h"
@@ -58,16 +62,19 @@ struct MxMatrix {
 
 class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
  protected:
-  static constexpr int64_t E = 16, K = 4, H = 256, I = 96;
+  int64_t E = 16, K = 4, H = 256, I = 96;
   // The device path's W4A8 kernel (kernels::Mxfp4W4a8GroupedGemm) at every token count it takes
   // (mxfp4_w4a8_min_tokens 1), else bf16 activations only (min 0).
   bool w4a8 = false;
+  // With w4a8: CudaTuning::mxfp4_wgmma_swap (the swap-AB kernel where a GEMM's k allows it).
+  bool wgmma_swap = false;
 
   void SetUp() override {
     CudaBackendTest::SetUp();
     if (IsSkipped()) return;
     CudaTuning tuning;
     tuning.mxfp4_w4a8_min_tokens = w4a8 ? 1 : 0;
+    tuning.mxfp4_wgmma_swap = wgmma_swap;
     auto b = CudaBackend::Create(0, WeightDType::kBFloat16, tuning);
     ASSERT_TRUE(b.ok()) << b.status();
     gpu_ = std::move(*b);
@@ -108,9 +115,10 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
       }
     }
   }
-  double Bound(int64_t k, double mag, double want) const {
-    return (k + 64) * std::ldexp(mag + std::abs(want), -24) + (w4a8 ? std::ldexp(mag, -13) : 0.0) +
-           1e-30;
+  // swap: the GEMM ran on the swap-AB kernel.
+  double Bound(int64_t k, double mag, double want, bool swap) const {
+    const double fp8_sums = swap ? std::ldexp(mag, -10) : w4a8 ? std::ldexp(mag, -13) : 0.0;
+    return (k + 64) * std::ldexp(mag + std::abs(want), -24) + fp8_sums + 1e-30;
   }
   // The values the W4A8 path multiplies: bf16 rows quantised per 128-wide block.
   std::vector<double> Quantised(const std::vector<double>& row) const {
@@ -128,6 +136,10 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
     std::mt19937 gen(seed);
     const bool cublas = !graph && T > CudaBackend::kMxfp4MaxDeviceTokens;
     const bool w4a8_taken = w4a8 && !cublas && T <= CudaTuning().mxfp4_w4a8_max_tokens;
+    // The swap kernel per GEMM: its k a multiple of 128 (the scale strides H / 32 and I / 32 are
+    // multiples of 4 at such k).
+    const bool swap = w4a8_taken && wgmma_swap && kernels::Mxfp4WgmmaSwapDeviceSupports();
+    const bool gu_swap = swap && H % 128 == 0, dn_swap = swap && I % 128 == 0;
     // bf16's rounding step (g and u, down's output), and the down operand's: bf16's, or e4m3's on
     // the W4A8 path.
     const double step = std::ldexp(1.0, -8);
@@ -176,6 +188,10 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
     a.swiglu_limit = limit;
     a.out = out->as<float>();
     gpu_->SetOpTiming(!graph);
+    if (graph && swap) {
+      // The swap kernel's descriptors and check are made outside a capture: one eager call first.
+      ASSERT_TRUE(gpu_->RoutedExperts(a));
+    }
     if (graph) {
       auto rec = gpu_->Capture([&]() -> absl::Status {
         return gpu_->RoutedExperts(a) ? absl::OkStatus()
@@ -194,7 +210,13 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
       EXPECT_EQ(CallsOf(report, "RoutedExpertsCublas/mxfp4_dequant"), dequant_groups) << report;
     } else if (!graph) {
       EXPECT_EQ(CallsOf(report, "RoutedExpertsMxfp4"), 1) << report;
-      EXPECT_EQ(CallsOf(report, "RoutedExpertsMxfp4W4a8/gate_up"), w4a8_taken ? 1 : -1) << report;
+      EXPECT_EQ(CallsOf(report, "RoutedExpertsMxfp4W4a8/gate_up"), w4a8_taken && !gu_swap ? 1 : -1)
+          << report;
+      EXPECT_EQ(CallsOf(report, "RoutedExpertsMxfp4W4a8/down"), w4a8_taken && !dn_swap ? 1 : -1)
+          << report;
+      const int swaps = int{gu_swap} + int{dn_swap};
+      EXPECT_EQ(CallsOf(report, "RoutedExpertsMxfp4W4a8/wgmma-swap"), swaps > 0 ? swaps : -1)
+          << report;
     }
     const std::vector<float> got = Download(*out);
     for (int64_t t = 0; t < T; ++t) {
@@ -210,7 +232,8 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
         double act_max = 0, dact_max = 0;
         for (int64_t i = 0; i < I; ++i) {
           double gate = g[i], up = g[I + i];
-          double dg = sums * Bound(H, gmag[i], gate), du = sums * Bound(H, gmag[I + i], up);
+          double dg = sums * Bound(H, gmag[i], gate, gu_swap),
+                 du = sums * Bound(H, gmag[I + i], up, gu_swap);
           if (limit > 0 || cublas) {
             // The device rounds g and u to bf16 (before clamping): each may land one bf16 ulp (at
             // most 2^-7 of it) from the host's rounding.
@@ -242,9 +265,9 @@ class CudaMxfp4RoutedExpertsTest : public CudaBackendTest {
             carried += wv * dact[i];
           }
           want[h] += wts[t * K + k] * y[h];
-          tol[h] += wts[t * K + k] *
-                    (2 * act_step * largest + carried + rescale * ymag[h] +
-                     sums * Bound(I, ymag[h], y[h]) + (cublas ? step * std::abs(y[h]) : 0.0));
+          tol[h] += wts[t * K + k] * (2 * act_step * largest + carried + rescale * ymag[h] +
+                                      sums * Bound(I, ymag[h], y[h], dn_swap) +
+                                      (cublas ? step * std::abs(y[h]) : 0.0));
         }
       }
       for (int64_t h = 0; h < H; ++h) {
@@ -322,6 +345,42 @@ TEST_F(CudaMxfp4W4a8RoutedExpertsTest, ReplayedFromACudaGraph) {
 TEST_F(CudaMxfp4W4a8RoutedExpertsTest, ClampedSwiGlu) {
   Run(3, false, 0.7f);
   Run(9, true, 0.7f);
+}
+
+// The W4A8 path with CudaTuning::mxfp4_wgmma_swap (I 128: both GEMMs on the swap-AB kernel) at
+// decode sizes up to the largest the W4A8 path takes, replayed from a CUDA graph, V4's clamp; I 96
+// (down's k not a multiple of 128): gate_up on the swap kernel, down on W4A8.
+class CudaMxfp4WgmmaSwapRoutedExpertsTest : public CudaMxfp4RoutedExpertsTest {
+ protected:
+  void SetUp() override {
+    w4a8 = true;
+    wgmma_swap = true;
+    I = 128;
+    CudaMxfp4RoutedExpertsTest::SetUp();
+    if (IsSkipped()) return;
+    if (!kernels::Mxfp4WgmmaSwapDeviceSupports()) {
+      GTEST_SKIP() << "no compute capability 9.0 device";
+    }
+  }
+};
+
+TEST_F(CudaMxfp4WgmmaSwapRoutedExpertsTest, DecodeSizes) {
+  Run(3, false);
+  Run(9, false);
+  Run(70, false);
+  Run(CudaTuning().mxfp4_w4a8_max_tokens, false);
+}
+
+TEST_F(CudaMxfp4WgmmaSwapRoutedExpertsTest, ReplayedFromACudaGraph) { Run(9, true); }
+
+TEST_F(CudaMxfp4WgmmaSwapRoutedExpertsTest, ClampedSwiGlu) {
+  Run(3, false, 0.7f);
+  Run(9, true, 0.7f);
+}
+
+TEST_F(CudaMxfp4WgmmaSwapRoutedExpertsTest, DownNotAMultipleOf128StaysOnW4a8) {
+  I = 96;
+  Run(9, false);
 }
 
 // Sizes the kernel does not take are declined, nothing launched.

@@ -30,7 +30,10 @@
 // kernels::Fp8WgmmaSwapGroupedGemm (W8A8 on wgmma, weights on the M side; compute capability 9.0)
 // on e4m3 rows in its persistent grid (the default), "per-tile" the same with one CTA per (weight
 // tile, expert), "quant" the kernels::Fp8QuantizeRows launch that makes them from the bf16 rows
-// (grouped scale layout), timed on its own, and the speed-ups of swap + quant against mma and bf16.
+// (grouped scale layout), timed on its own, and the speed-ups of swap + quant against mma and bf16;
+// "mxfp4 wgmma-swap": kernels::Mxfp4WgmmaSwapGroupedGemm (MXFP4 weights widened to e4m3 in
+// registers, swap-AB on wgmma) on the same e4m3 rows, GB/s of the busy experts' MXFP4 bytes, and
+// its speed-ups against mxfp4 mma, mxfp4 w4a8 and fp8 wgmma-swap (quant not included).
 //
 // Time: a CUDA graph of back-to-back launches, each on its own copy of the weights (copies for
 // 256 MiB, so the weights come from HBM as in a model step; a single copy where one is larger),
@@ -63,6 +66,7 @@
 #include "kernels/gemm/fp8_wgmma_decode.h"
 #include "kernels/gemm/mxfp4_mma_gemm.h"
 #include "kernels/gemm/mxfp4_w4a8_gemm.h"
+#include "kernels/gemm/mxfp4_wgmma_decode.h"
 #include "kernels/gemm/small_m_gemm.h"
 #include "kernels/moe/grouped_gemm.h"
 #include "kernels/testing/bench_timer.h"
@@ -422,6 +426,16 @@ void GroupedBench(const MoeShape& ms) {
     if (swap_ok) {
       BENCH_CUDA(kernels::Fp8WgmmaSwapBuildWeightMaps(E, w8.data(), n, k, k, swap_maps, nullptr));
     }
+    // The MXFP4 swap-AB kernel's descriptors and its exponent-bound check (the bench's scales are
+    // all equal: every matrix fits).
+    const bool mx_swap_ok = kernels::Mxfp4WgmmaSwapDeviceSupports() && E <= 1024;
+    void* mx_swap_maps = DeviceAlloc<void>(kernels::Mxfp4WgmmaSwapWeightMapsBytes(E));
+    bool mx_fits = false;
+    if (mx_swap_ok) {
+      BENCH_CUDA(kernels::Mxfp4WgmmaSwapBuildWeightMaps(E, w4.data(), n, k, mx_swap_maps, nullptr));
+      BENCH_CUDA(kernels::Mxfp4WgmmaSwapCheck(E, dw4, dsc4, n, k, k / kernels::kMxfp4BlockSize,
+                                              &mx_fits, nullptr));
+    }
     for (int32_t tokens : {1, 8, 32, 64, 128, 256}) {
       const bench::Routing routing = bench::RandomRouting(tokens, E, K);
       const int32_t busy = routing.busy;
@@ -541,6 +555,20 @@ void GroupedBench(const MoeShape& ms) {
               ? GraphMicros(
                     4, [&](int, cudaStream_t st) { BENCH_CUDA(kernels::Fp8QuantizeRows(qp, st)); })
               : -1;
+      // MXFP4 x e4m3 swap-AB on wgmma: the same e4m3 rows and grouped scales.
+      kernels::Mxfp4WgmmaSwapGroupedGemmParams xs;
+      xs.num_groups = E, xs.max_rows = rows, xs.offsets = doff, xs.n = n, xs.k = k, xs.a = q8;
+      xs.lda = k, xs.a_scales = qs, xs.weight_maps = mx_swap_maps, xs.scales = dsc4;
+      xs.scale_ld = k / kernels::kMxfp4BlockSize, xs.c = c, xs.ldc = n;
+      xs.rows_per_group_hint = mp.rows_per_group_hint;
+      const bool mx_swap_takes =
+          mx_swap_ok && mx_fits && kernels::Mxfp4WgmmaSwapGroupedGemmSupports(xs);
+      const double mx_swap_us =
+          mx_swap_takes ? GraphMicros(4,
+                                      [&](int, cudaStream_t st) {
+                                        BENCH_CUDA(kernels::Mxfp4WgmmaSwapGroupedGemm(xs, st));
+                                      })
+                        : -1;
       const double fp8_busy = static_cast<double>(busy) * (bytes + scales.size() * 4);
       const double bf16_busy = static_cast<double>(busy) * bytes * 2;
       std::printf(
@@ -566,6 +594,15 @@ void GroupedBench(const MoeShape& ms) {
           busy, w4a8_us, w4a8_us > 0 ? mx_busy / w4a8_us / 1e3 : 0.0, w4a8_quant_us,
           w4a8_us > 0 && mx_us > 0 ? mx_us / w4a8_us : 0.0,
           w4a8_us > 0 && mx_us > 0 ? mx_us / (w4a8_us + w4a8_quant_us) : 0.0);
+      std::printf(
+          "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | mxfp4 wgmma-swap %8.2f us %5.0f GB/s | "
+          "vs mxfp4 mma %5.2fx | vs mxfp4 w4a8 %5.2fx | vs fp8 wgmma-swap %5.2fx (N %d)\n",
+          ms.name, gate_up ? "gate_up" : "down", static_cast<long>(n), static_cast<long>(k), tokens,
+          busy, mx_swap_us, mx_swap_us > 0 ? mx_busy / mx_swap_us / 1e3 : 0.0,
+          mx_swap_us > 0 && mx_us > 0 ? mx_us / mx_swap_us : 0.0,
+          mx_swap_us > 0 && w4a8_us > 0 ? w4a8_us / mx_swap_us : 0.0,
+          mx_swap_us > 0 && swap_us > 0 ? swap_us / mx_swap_us : 0.0,
+          kernels::Mxfp4WgmmaSwapChunkRows(xs.rows_per_group_hint));
       const double swap_all = swap_us + quant_us;
       std::printf(
           "%-10s %-8s n=%5ld k=%5ld tokens=%3d busy=%3d | fp8 wgmma-swap %8.2f us %5.0f GB/s | "
@@ -592,6 +629,7 @@ void GroupedBench(const MoeShape& ms) {
     BENCH_CUDA(cudaFree(const_cast<uint8_t**>(dsc4)));
     BENCH_CUDA(cudaFree(const_cast<uint16_t**>(dw16)));
     BENCH_CUDA(cudaFree(swap_maps));
+    BENCH_CUDA(cudaFree(mx_swap_maps));
   }
 }
 
