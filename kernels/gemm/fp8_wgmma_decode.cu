@@ -3,12 +3,12 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <mutex>
 #include <vector>
 
 #include "kernels/common/launch.cuh"
 #include "kernels/gemm/fp8_block_gemm.h"
 #include "kernels/gemm/fp8_wgmma_decode.h"
+#include "kernels/gemm/swap_persistent.cuh"
 #include "kernels/gemm/wgmma_tma.cuh"
 
 namespace deepinfer {
@@ -41,6 +41,8 @@ struct SwapArgs {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 using namespace wgmma;  // NOLINT: the shared device helpers
+using swap_persistent::AcquireTensorMap;
+using swap_persistent::PrefetchTensorMap;
 
 // d (64 x N fp32 fragment, N / 2 registers a thread) = (accumulate ? d : 0) + A(64 x 32) B^T,
 // both e4m3 from shared memory descriptors.
@@ -118,38 +120,13 @@ __device__ __forceinline__ void WgmmaM64K32<64>(float* d, uint64_t desc_a, uint6
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// Hints the TMA unit to fetch a descriptor (a kernel parameter or global memory) into its cache.
-__device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-// Orders the descriptor's bytes (written by a copy from the host) before TMA reads it.
-__device__ __forceinline__ void AcquireTensorMap(const CUtensorMap* map) {
-  asm volatile(
-      "fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(reinterpret_cast<uint64_t>(map))
-      : "memory");
-}
-
-// The ring's barriers: full (the producer's TMA bytes) and empty (every consumer thread), then
-// the fences that make the initialisation visible to the async proxy. Thread 0; a __syncthreads
-// must follow.
-__device__ __forceinline__ void InitRing(uint32_t full_bar, uint32_t empty_bar) {
-  for (int s = 0; s < kStages; ++s) {
-    MbarInit(full_bar + 8 * s, 1);
-    MbarInit(empty_bar + 8 * s, 128);
-  }
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
 // One k block of both kernels' consumer warpgroup: wait for stage s's tiles, the two m64nNk128
 // products (weight rows h * 64 ..) into part, release the stage, then acc += part * scale, scale
 // the activation row's block scale times the weight block's (0 for rows past the group).
 template <int N>
 __device__ __forceinline__ void SwapKBlock(uint32_t w_stage, uint32_t a_stage, uint32_t full,
                                            uint32_t empty, uint32_t phase,
-                                           const float (&scale)[N / 8][2],
-                                           float (&acc)[2][N / 2]) {
+                                           const float (&scale)[N / 8][2], float (&acc)[2][N / 2]) {
   constexpr int kRegs = N / 2;
   float part[2][kRegs];
   MbarWait(full, phase);
@@ -299,7 +276,7 @@ __global__ void __launch_bounds__(kThreads)
   auto a_tile = [&](uint32_t s) { return a_base + s * (N * kBlockK); };
 
   const CUtensorMap* mw = args.w_maps + g;
-  if (threadIdx.x == 0) InitRing(full_bar, empty_bar);
+  if (threadIdx.x == 0) swap_persistent::InitRing<kStages>(full_bar, empty_bar);
   if (threadIdx.x == 128) {
     AcquireTensorMap(mw);
     PrefetchTensorMap(mw);
@@ -392,38 +369,6 @@ constexpr size_t PersistentSmemBytes(int n_rows, int32_t num_groups) {
   return SmemBytes(n_rows) + (size_t(num_groups) + 1 + kThreads / 32) * sizeof(int32_t);
 }
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-struct SwapUnit {
-  int32_t g, r0, count, m0, ch;
-};
-
-// Unit u (< prefix[num_groups]): the group whose prefix range holds it (binary search; empty
-// groups have empty ranges), then its tile and chunk.
-template <int N>
-__device__ __forceinline__ SwapUnit FindUnit(const int32_t* prefix, int32_t num_groups,
-                                             const int32_t* offsets, int32_t u) {
-  int32_t lo = 0, hi = num_groups;  // prefix[lo] <= u < prefix[hi]
-  while (hi - lo > 1) {
-    const int32_t mid = (lo + hi) / 2;
-    if (prefix[mid] <= u) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  SwapUnit w;
-  w.g = lo;
-  w.r0 = __ldg(offsets + lo);
-  w.count = __ldg(offsets + lo + 1) - w.r0;
-  const int32_t chunks = (w.count + N - 1) / N, local = u - prefix[lo];
-  w.m0 = (local / chunks) * kTileM;
-  w.ch = local % chunks;
-  return w;
-}
-
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
-
 // Two CTAs an SM at least (N 64 would take more than half the registers otherwise).
 template <int N>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -448,62 +393,22 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Before the wait: the ring and the activations' descriptor. A CTA's first unit (so its expert's
   // descriptor and weight tiles) follows from the offsets: nothing of the weights is loaded
   // early, since a static first wave would fetch idle experts' tiles.
-  if (threadIdx.x == 0) InitRing(full_bar, empty_bar);
+  if (threadIdx.x == 0) swap_persistent::InitRing<kStages>(full_bar, empty_bar);
   if (threadIdx.x == 128) PrefetchTensorMap(&map_a);
   __syncthreads();
   WaitForPrecedingGrids();
   AllowDependentGridsToLaunch();
-  // The units' prefix over the groups: each thread sums a run of consecutive groups, then a
-  // scan across the block.
-  {
-    const int32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int32_t per = (num_groups + kThreads - 1) / kThreads;
-    const int32_t g0 = min(num_groups, int32_t(threadIdx.x) * per), g1 = min(num_groups, g0 + per);
-    auto units = [&](int32_t g) {
-      const int32_t count = __ldg(args.offsets + g + 1) - __ldg(args.offsets + g);
-      return count > 0 ? pargs.tiles * ((count + N - 1) / N) : 0;
-    };
-    int32_t local = 0;
-    for (int32_t g = g0; g < g1; ++g) local += units(g);
-    int32_t x = local;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int32_t y = __shfl_up_sync(0xffffffffu, x, d);
-      if (lane >= d) x += y;
-    }
-    if (lane == 31) warp_sums[warp] = x;
-    __syncthreads();
-    int32_t run = x - local;
-    for (int w = 0; w < warp; ++w) run += warp_sums[w];
-    for (int32_t g = g0; g < g1; ++g) {
-      prefix[g] = run;
-      run += units(g);
-    }
-    if (threadIdx.x == kThreads - 1) prefix[num_groups] = run;
-  }
+  swap_persistent::UnitPrefix<N, kThreads>(args.offsets, num_groups, pargs.tiles, prefix,
+                                           warp_sums);
   __syncthreads();
   const int32_t total = prefix[num_groups];
 
   if (threadIdx.x >= 128) {
     // Producer: one thread issues every TMA load, unit after unit without draining the ring.
     if (threadIdx.x == 128) {
-      uint32_t it = 0;
-      int32_t fenced = -1;
-      for (int32_t u = blockIdx.x; u < total; u += gridDim.x) {
-        const SwapUnit w = FindUnit<N>(prefix, num_groups, args.offsets, u);
-        const CUtensorMap* mw = args.w_maps + w.g;
-        if (w.g != fenced) {
-          AcquireTensorMap(mw);
-          fenced = w.g;
-        }
-        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-          const uint32_t s = it % kStages, phase = (it / kStages) & 1;
-          MbarWait(empty_bar + 8 * s, phase ^ 1);
-          MbarArriveExpectTx(full_bar + 8 * s, kWeightTileBytes + N * kBlockK);
-          TmaLoad2d(w_tile(s), mw, kb * kBlockK, w.m0, full_bar + 8 * s);
-          TmaLoad2d(a_tile(s), &map_a, kb * kBlockK, w.r0 + w.ch * N, full_bar + 8 * s);
-        }
-      }
+      swap_persistent::ProduceUnits<N, kStages, kTileM, kBlockK, kBlockK>(
+          prefix, num_groups, total, args.offsets, args.w_maps, &map_a, k_blocks, base, a_base,
+          full_bar, empty_bar);
     }
     return;
   }
@@ -515,8 +420,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // N 32 loaded a step ahead (the next unit's first block during the current unit's last); N 64
   // has no registers to spare and loads them at the top of the step.
   constexpr bool kAhead = N <= 32;
-  auto load_scales = [&](const SwapUnit& w, const float* sw, int kb, float* s_w,
-                         float (&sa)[N / 8][2]) {
+  auto load_scales = [&](const swap_persistent::Unit& w, const float* sw, int kb, float* s_w,
+                         float(&sa)[N / 8][2]) {
     *s_w = __ldg(sw + kb);
     const float* sa_block = args.a_scales + int64_t{w.r0} * k_blocks + int64_t{kb} * w.count;
 #pragma unroll
@@ -529,14 +434,14 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
   };
-  auto weight_scales = [&](const SwapUnit& w) {
+  auto weight_scales = [&](const swap_persistent::Unit& w) {
     return args.scales[w.g] + Fp8ScaleRow(w.m0, args.split_rows) * int64_t{args.scale_ld};
   };
-  SwapUnit w{};
+  swap_persistent::Unit w{};
   const float* sw = nullptr;
   float next_sw = 0.0f, next_sa[N / 8][2];
   if (int32_t(blockIdx.x) < total) {
-    w = FindUnit<N>(prefix, num_groups, args.offsets, blockIdx.x);
+    w = swap_persistent::FindUnit<N, kTileM>(prefix, num_groups, args.offsets, blockIdx.x);
     sw = weight_scales(w);
     if (kAhead) load_scales(w, sw, 0, &next_sw, next_sa);
   }
@@ -546,10 +451,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int32_t c0 = w.ch * N + 2 * (lane % 4);
     // The next unit, resolved while this one runs.
     const int32_t u_next = u + gridDim.x;
-    SwapUnit w_next = w;
+    swap_persistent::Unit w_next = w;
     const float* sw_next = sw;
     if (u_next < total) {
-      w_next = FindUnit<N>(prefix, num_groups, args.offsets, u_next);
+      w_next = swap_persistent::FindUnit<N, kTileM>(prefix, num_groups, args.offsets, u_next);
       sw_next = weight_scales(w_next);
     }
     float acc[2][kRegs];
@@ -627,8 +532,7 @@ template <int N>
 bool PersistentTakes(const Fp8WgmmaSwapGroupedGemmParams& p) {
   if (!p.persistent || p.num_groups > kMaxPersistentGroups) return false;
   const int64_t tiles = (p.n + kTileM - 1) / kTileM;
-  const int64_t chunks = std::min<int64_t>(p.num_groups, p.max_rows) + (p.max_rows + N - 1) / N;
-  return tiles * chunks <= kInt32Max;
+  return swap_persistent::UnitsBound<N>(tiles, p.num_groups, p.max_rows) <= kInt32Max;
 }
 
 template <int N>
@@ -641,29 +545,10 @@ cudaError_t LaunchPersistent(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem));
   if (e != cudaSuccess) return e;
-  // The resident CTAs of the whole device, asked once per (device, shared memory size).
-  static std::mutex mu;
-  static int cached_dev = -1;
-  static size_t cached_smem = 0;
-  static int64_t cached_resident = 0;
-  int dev = 0;
-  e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
+  static swap_persistent::ResidentCtaCache resident_ctas;
   int64_t resident = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (cached_dev == dev && cached_smem == smem) resident = cached_resident;
-  }
-  if (resident == 0) {
-    int sms = 0, per_sm = 0;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
-    if (e != cudaSuccess) return e;
-    resident = int64_t{std::max(sms, 1)} * std::max(per_sm, 1);
-    std::lock_guard<std::mutex> lock(mu);
-    cached_dev = dev, cached_smem = smem, cached_resident = resident;
-  }
+  e = resident_ctas.Get(kernel, kThreads, smem, &resident);
+  if (e != cudaSuccess) return e;
   PersistentArgs args;
   args.swap.n = static_cast<int32_t>(p.n);
   args.swap.k_blocks = static_cast<int32_t>(p.k / kBlockK);
@@ -678,9 +563,8 @@ cudaError_t LaunchPersistent(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_
   args.swap.ldc = p.ldc;
   args.num_groups = p.num_groups;
   args.tiles = static_cast<int32_t>((p.n + kTileM - 1) / kTileM);
-  // At most as many CTAs as units can exist: tiles x (non-empty groups + max_rows / N).
-  const int64_t units_bound = int64_t{args.tiles} * (std::min<int64_t>(p.num_groups, p.max_rows) +
-                                                     (p.max_rows + N - 1) / N);
+  // At most as many CTAs as units.
+  const int64_t units_bound = swap_persistent::UnitsBound<N>(args.tiles, p.num_groups, p.max_rows);
   const int64_t ctas = std::min(resident, units_bound);
   return LaunchKernelThatWaits(kernel, dim3(static_cast<unsigned>(ctas)), kThreads, smem, stream,
                                p.pdl, map_a, args);
@@ -694,16 +578,7 @@ cudaError_t LaunchGrouped(const Fp8WgmmaSwapGroupedGemmParams& p, cudaStream_t s
 }  // namespace
 
 bool Fp8WgmmaSwapDeviceSupports() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    return false;
-  }
-  if (major != 9 || minor != 0) return false;
-  cudaFuncAttributes attr;
-  if (cudaFuncGetAttributes(&attr, Fp8WgmmaSwapKernel<8>) != cudaSuccess) return false;
-  return wgmma::EncodeTiled() != nullptr;
+  return swap_persistent::DeviceRunsSm90a(Fp8WgmmaSwapKernel<8>);
 }
 
 size_t Fp8WgmmaSwapWeightMapsBytes(int32_t num_groups) {
@@ -724,10 +599,7 @@ cudaError_t Fp8WgmmaSwapBuildWeightMaps(int32_t num_groups, const uint8_t* const
     const cudaError_t e = wgmma::MakeMap(&maps[g], host_weights[g], n, k, ldw, kTileM, kBlockK);
     if (e != cudaSuccess) return e;
   }
-  const cudaError_t e = cudaMemcpyAsync(device_maps, maps.data(), maps.size() * sizeof(CUtensorMap),
-                                        cudaMemcpyHostToDevice, stream);
-  if (e != cudaSuccess) return e;
-  return cudaStreamSynchronize(stream);
+  return swap_persistent::UploadWeightMaps(maps, device_maps, stream);
 }
 
 int32_t Fp8WgmmaSwapChunkRows(int32_t rows_per_group_hint) {

@@ -13,11 +13,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <vector>
 
 #include "kernels/common/launch.cuh"
 #include "kernels/gemm/mxfp4_wgmma_decode.h"
+#include "kernels/gemm/swap_persistent.cuh"
 #include "kernels/gemm/wgmma_tma.cuh"
 
 namespace deepinfer {
@@ -129,43 +129,6 @@ __device__ __forceinline__ float BlockPow2(uint32_t e) {
   return __uint_as_float(e >= 7 ? (e - 6) << 23 : 1u << (e + 16));
 }
 
-__device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-__device__ __forceinline__ void AcquireTensorMap(const CUtensorMap* map) {
-  asm volatile(
-      "fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(reinterpret_cast<uint64_t>(map))
-      : "memory");
-}
-
-struct Unit {
-  int32_t g, r0, count, m0, ch;
-};
-
-// Unit u (< prefix[num_groups]): the group whose prefix range holds it, then its tile and chunk.
-template <int N>
-__device__ __forceinline__ Unit FindUnit(const int32_t* prefix, int32_t num_groups,
-                                         const int32_t* offsets, int32_t u) {
-  int32_t lo = 0, hi = num_groups;  // prefix[lo] <= u < prefix[hi]
-  while (hi - lo > 1) {
-    const int32_t mid = (lo + hi) / 2;
-    if (prefix[mid] <= u) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  Unit w;
-  w.g = lo;
-  w.r0 = __ldg(offsets + lo);
-  w.count = __ldg(offsets + lo + 1) - w.r0;
-  const int32_t chunks = (w.count + N - 1) / N, local = u - prefix[lo];
-  w.m0 = (local / chunks) * kTileM;
-  w.ch = local % chunks;
-  return w;
-}
-
 // One thread's A fragments of one m64 half (h) of a k block: the four 32-wide steps' registers,
 // widened from the stage's packed tile with each (row, 32-block) scale folded into the table.
 // row0: the thread's first tile row in the half (the second 8 below); entry: the table entry per
@@ -225,14 +188,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto w_tile = [&](uint32_t s) { return base + s * kWeightTileBytes; };
   auto a_tile = [&](uint32_t s) { return a_base + s * (N * kBlockK); };
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      MbarInit(full_bar + 8 * s, 1);
-      MbarInit(empty_bar + 8 * s, 128);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
+  if (threadIdx.x == 0) swap_persistent::InitRing<kStages>(full_bar, empty_bar);
   if (threadIdx.x < kTableEntries * 8) {
     // Entry e, byte c: e2m1 code c's magnitude times 2^(e - 8) in e4m3 (exact: see the header).
     const int e = threadIdx.x / 8, code = threadIdx.x % 8;
@@ -241,58 +197,20 @@ __global__ void __launch_bounds__(kThreads, 2)
     table_bytes[threadIdx.x] =
         static_cast<uint8_t>(__nv_cvt_float_to_fp8(ldexpf(mag, e - 8), __NV_SATFINITE, __NV_E4M3));
   }
-  if (threadIdx.x == 128) PrefetchTensorMap(&map_a);
+  if (threadIdx.x == 128) swap_persistent::PrefetchTensorMap(&map_a);
   __syncthreads();
   WaitForPrecedingGrids();
   AllowDependentGridsToLaunch();
-  {
-    const int32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int32_t per = (num_groups + kThreads - 1) / kThreads;
-    const int32_t g0 = min(num_groups, int32_t(threadIdx.x) * per), g1 = min(num_groups, g0 + per);
-    auto units = [&](int32_t g) {
-      const int32_t count = __ldg(args.offsets + g + 1) - __ldg(args.offsets + g);
-      return count > 0 ? args.tiles * ((count + N - 1) / N) : 0;
-    };
-    int32_t local = 0;
-    for (int32_t g = g0; g < g1; ++g) local += units(g);
-    int32_t x = local;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int32_t y = __shfl_up_sync(0xffffffffu, x, d);
-      if (lane >= d) x += y;
-    }
-    if (lane == 31) warp_sums[warp] = x;
-    __syncthreads();
-    int32_t run = x - local;
-    for (int w = 0; w < warp; ++w) run += warp_sums[w];
-    for (int32_t g = g0; g < g1; ++g) {
-      prefix[g] = run;
-      run += units(g);
-    }
-    if (threadIdx.x == kThreads - 1) prefix[num_groups] = run;
-  }
+  swap_persistent::UnitPrefix<N, kThreads>(args.offsets, num_groups, args.tiles, prefix, warp_sums);
   __syncthreads();
   const int32_t total = prefix[num_groups];
 
   if (threadIdx.x >= 128) {
+    // Producer: one thread issues every TMA load; a weight tile row is kPackedK bytes a block.
     if (threadIdx.x == 128) {
-      uint32_t it = 0;
-      int32_t fenced = -1;
-      for (int32_t u = blockIdx.x; u < total; u += gridDim.x) {
-        const Unit w = FindUnit<N>(prefix, num_groups, args.offsets, u);
-        const CUtensorMap* mw = args.w_maps + w.g;
-        if (w.g != fenced) {
-          AcquireTensorMap(mw);
-          fenced = w.g;
-        }
-        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-          const uint32_t s = it % kStages, phase = (it / kStages) & 1;
-          MbarWait(empty_bar + 8 * s, phase ^ 1);
-          MbarArriveExpectTx(full_bar + 8 * s, kWeightTileBytes + N * kBlockK);
-          TmaLoad2d(w_tile(s), mw, kb * kPackedK, w.m0, full_bar + 8 * s);
-          TmaLoad2d(a_tile(s), &map_a, kb * kBlockK, w.r0 + w.ch * N, full_bar + 8 * s);
-        }
-      }
+      swap_persistent::ProduceUnits<N, kStages, kTileM, kPackedK, kBlockK>(
+          prefix, num_groups, total, args.offsets, args.w_maps, &map_a, k_blocks, base, a_base,
+          full_bar, empty_bar);
     }
     return;
   }
@@ -305,8 +223,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // during the current unit's last): the thread's four weight rows' scale words (rows past n read
   // row n - 1: TMA zero-fills their weights, their results are not stored) and its activation
   // rows' block scales (0 past the group).
-  auto load_scales = [&](const Unit& x, const uint8_t* wsc, int kb, uint32_t(&s4)[2][2],
-                         float(&sa)[N / 8][2]) {
+  auto load_scales = [&](const swap_persistent::Unit& x, const uint8_t* wsc, int kb,
+                         uint32_t(&s4)[2][2], float(&sa)[N / 8][2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -325,12 +243,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
   };
-  Unit w{};
+  swap_persistent::Unit w{};
   const uint8_t* wsc = nullptr;
   uint32_t next_s4[2][2] = {};
   float next_sa[N / 8][2] = {};
   if (int32_t(blockIdx.x) < total) {
-    w = FindUnit<N>(prefix, num_groups, args.offsets, blockIdx.x);
+    w = swap_persistent::FindUnit<N, kTileM>(prefix, num_groups, args.offsets, blockIdx.x);
     wsc = args.scales[w.g];
     load_scales(w, wsc, 0, next_s4, next_sa);
   }
@@ -338,10 +256,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int32_t u = blockIdx.x; u < total; u += gridDim.x) {
     const int32_t c0 = w.ch * N + 2 * (lane % 4);  // this thread's first activation row
     const int32_t u_next = u + gridDim.x;
-    Unit w_next = w;
+    swap_persistent::Unit w_next = w;
     const uint8_t* wsc_next = wsc;
     if (u_next < total) {
-      w_next = FindUnit<N>(prefix, num_groups, args.offsets, u_next);
+      w_next = swap_persistent::FindUnit<N, kTileM>(prefix, num_groups, args.offsets, u_next);
       wsc_next = args.scales[w_next.g];
     }
     float acc[2][kRegs];
@@ -485,29 +403,10 @@ cudaError_t Launch(const Mxfp4WgmmaSwapGroupedGemmParams& p, cudaStream_t stream
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem));
   if (e != cudaSuccess) return e;
-  // The resident CTAs of the whole device, asked once per (device, N, shared memory size).
-  static std::mutex mu;
-  static int cached_dev = -1;
-  static size_t cached_smem = 0;
-  static int64_t cached_resident = 0;
-  int dev = 0;
-  e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
+  static swap_persistent::ResidentCtaCache resident_ctas;
   int64_t resident = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (cached_dev == dev && cached_smem == smem) resident = cached_resident;
-  }
-  if (resident == 0) {
-    int sms = 0, per_sm = 0;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
-    if (e != cudaSuccess) return e;
-    resident = int64_t{std::max(sms, 1)} * std::max(per_sm, 1);
-    std::lock_guard<std::mutex> lock(mu);
-    cached_dev = dev, cached_smem = smem, cached_resident = resident;
-  }
+  e = resident_ctas.Get(kernel, kThreads, smem, &resident);
+  if (e != cudaSuccess) return e;
   Args args;
   args.n = static_cast<int32_t>(p.n);
   args.k_blocks = static_cast<int32_t>(p.k / kBlockK);
@@ -520,9 +419,7 @@ cudaError_t Launch(const Mxfp4WgmmaSwapGroupedGemmParams& p, cudaStream_t stream
   args.scales = p.scales;
   args.c = p.c;
   args.ldc = p.ldc;
-  // At most tiles x (non-empty groups + max_rows / N) units exist.
-  const int64_t units_bound = int64_t{args.tiles} * (std::min<int64_t>(p.num_groups, p.max_rows) +
-                                                     (p.max_rows + N - 1) / N);
+  const int64_t units_bound = swap_persistent::UnitsBound<N>(args.tiles, p.num_groups, p.max_rows);
   const int64_t ctas = std::max<int64_t>(1, std::min(resident, units_bound));
   return LaunchKernelThatWaits(kernel, dim3(static_cast<unsigned>(ctas)), kThreads, smem, stream,
                                p.pdl, map_a, args);
@@ -531,16 +428,7 @@ cudaError_t Launch(const Mxfp4WgmmaSwapGroupedGemmParams& p, cudaStream_t stream
 }  // namespace
 
 bool Mxfp4WgmmaSwapDeviceSupports() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    return false;
-  }
-  if (major != 9 || minor != 0) return false;
-  cudaFuncAttributes attr;
-  if (cudaFuncGetAttributes(&attr, Mxfp4WgmmaSwapKernel<8>) != cudaSuccess) return false;
-  return wgmma::EncodeTiled() != nullptr;
+  return swap_persistent::DeviceRunsSm90a(Mxfp4WgmmaSwapKernel<8>);
 }
 
 size_t Mxfp4WgmmaSwapWeightMapsBytes(int32_t num_groups) {
@@ -561,10 +449,7 @@ cudaError_t Mxfp4WgmmaSwapBuildWeightMaps(int32_t num_groups, const uint8_t* con
     const cudaError_t e = MakeWeightMap(&maps[g], host_weights[g], n, k / 2);
     if (e != cudaSuccess) return e;
   }
-  const cudaError_t e = cudaMemcpyAsync(device_maps, maps.data(), maps.size() * sizeof(CUtensorMap),
-                                        cudaMemcpyHostToDevice, stream);
-  if (e != cudaSuccess) return e;
-  return cudaStreamSynchronize(stream);
+  return swap_persistent::UploadWeightMaps(maps, device_maps, stream);
 }
 
 cudaError_t Mxfp4WgmmaSwapCheck(int32_t num_groups, const uint8_t* const* weights,
