@@ -28,6 +28,7 @@
 
 #include "kernels/attention/mla_attention.h"
 #include "kernels/attention/mla_fp8_gather.h"
+#include "kernels/testing/bench_timer.h"
 #include "kernels/testing/bench_util.h"
 #include "worker/backend/fp8_latent_entry.h"
 
@@ -278,34 +279,6 @@ void Run(const Batch& batch) {
   }
 }
 
-// The mean time per call of kGraphCalls calls of fn (launches on the stream) captured into one
-// CUDA graph, the graph replayed kGraphReplays times after a warm-up.
-template <typename Fn>
-double GraphMs(cudaStream_t stream, Fn&& fn) {
-  constexpr int kGraphCalls = 10, kGraphReplays = 5;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kGraphCalls; ++i) BENCH_CUDA(fn());
-  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
-  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
-  cudaEvent_t e0, e1;
-  BENCH_CUDA(cudaEventCreate(&e0));
-  BENCH_CUDA(cudaEventCreate(&e1));
-  BENCH_CUDA(cudaEventRecord(e0, stream));
-  for (int r = 0; r < kGraphReplays; ++r) BENCH_CUDA(cudaGraphLaunch(exec, stream));
-  BENCH_CUDA(cudaEventRecord(e1, stream));
-  BENCH_CUDA(cudaEventSynchronize(e1));
-  float total = 0;
-  BENCH_CUDA(cudaEventElapsedTime(&total, e0, e1));
-  BENCH_CUDA(cudaEventDestroy(e0));
-  BENCH_CUDA(cudaEventDestroy(e1));
-  BENCH_CUDA(cudaGraphExecDestroy(exec));
-  BENCH_CUDA(cudaGraphDestroy(graph));
-  return total / (kGraphCalls * kGraphReplays);
-}
-
 // Decode over an FP8 cache against the bf16 cache: one token per sequence seeing its whole
 // context, the entries written from the same fp32 values by WriteLatentCacheF32 into both
 // caches (the FP8 one quantised per token), the tables interleaved as in Run.
@@ -407,17 +380,21 @@ void RunFp8(const Batch& batch) {
     std::printf("%-26s fp8 cache: %-18s %-28s %9.4f ms %7.1f GB/s of entries\n", batch.name, what,
                 kernel.c_str(), ms, bytes / (ms * 1e-3) / 1e9);
   };
-  const double ms16 = GraphMs(stream, [&] { return kernels::MlaAttentionF32(p16, stream); });
+  const double ms16 = bench::GraphMeanMs(
+      [&](cudaStream_t) { return kernels::MlaAttentionF32(p16, stream); }, stream);
   line("bf16 cache", kernels::MlaAttentionKernelName(p16), bytes16, ms16);
-  const double ms8 = GraphMs(stream, [&] { return kernels::MlaAttentionF32(p8, stream); });
+  const double ms8 = bench::GraphMeanMs(
+      [&](cudaStream_t) { return kernels::MlaAttentionF32(p8, stream); }, stream);
   line("fp8 direct", kernels::MlaAttentionKernelName(p8), bytes8, ms8);
-  const double ms_gather =
-      GraphMs(stream, [&] { return kernels::GatherFp8LatentCacheBf16(g, stream); });
+  const double ms_gather = bench::GraphMeanMs(
+      [&](cudaStream_t) { return kernels::GatherFp8LatentCacheBf16(g, stream); }, stream);
   line("gather only", "GatherFp8LatentCacheBf16", bytes8 + bytes16, ms_gather);
-  const double ms_pair = GraphMs(stream, [&] {
-    const cudaError_t e = kernels::GatherFp8LatentCacheBf16(g, stream);
-    return e != cudaSuccess ? e : kernels::MlaAttentionF32(pc, stream);
-  });
+  const double ms_pair = bench::GraphMeanMs(
+      [&](cudaStream_t) {
+        const cudaError_t e = kernels::GatherFp8LatentCacheBf16(g, stream);
+        return e != cudaSuccess ? e : kernels::MlaAttentionF32(pc, stream);
+      },
+      stream);
   line("gather + bf16", std::string("gather + ") + kernels::MlaAttentionKernelName(pc), bytes8,
        ms_pair);
   BENCH_CUDA(cudaStreamSynchronize(stream));
@@ -516,7 +493,8 @@ void RunH16() {
         BENCH_CUDA(kernels::MlaAttentionWorkspaceBytes(unmerged, &ws_unmerged));
         if (ws_v > ws_bytes) continue;
         const int shown = ws_unmerged == 0 ? 1 : static_cast<int>(ws_unmerged / split_bytes);
-        const double ms = GraphMs(stream, [&] { return kernels::MlaAttentionF32(pv, stream); });
+        const double ms = bench::GraphMeanMs(
+            [&](cudaStream_t) { return kernels::MlaAttentionF32(pv, stream); }, stream);
         if (splits == 0) auto_ms[i] = ms;
         std::printf(
             "h16 %3d x ctx%d  mma v%-2d %-32s splits %-2d%s %8.2f us %7.1f GB/s (%4.1f%% of 4.3 "
