@@ -406,9 +406,24 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (threadIdx.x >= 128) {
     // Producer: one thread issues every TMA load, unit after unit without draining the ring.
     if (threadIdx.x == 128) {
-      swap_persistent::ProduceUnits<N, kStages, kTileM, kBlockK, kBlockK>(
-          prefix, num_groups, total, args.offsets, args.w_maps, &map_a, k_blocks, base, a_base,
-          full_bar, empty_bar);
+      uint32_t it = 0;
+      int32_t fenced = -1;
+      for (int32_t u = blockIdx.x; u < total; u += gridDim.x) {
+        const swap_persistent::Unit w =
+            swap_persistent::FindUnit<N, kTileM>(prefix, num_groups, args.offsets, u);
+        const CUtensorMap* mw = args.w_maps + w.g;
+        if (w.g != fenced) {
+          AcquireTensorMap(mw);
+          fenced = w.g;
+        }
+        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+          const uint32_t s = it % kStages, phase = (it / kStages) & 1;
+          MbarWait(empty_bar + 8 * s, phase ^ 1);
+          MbarArriveExpectTx(full_bar + 8 * s, kWeightTileBytes + N * kBlockK);
+          TmaLoad2d(w_tile(s), mw, kb * kBlockK, w.m0, full_bar + 8 * s);
+          TmaLoad2d(a_tile(s), &map_a, kb * kBlockK, w.r0 + w.ch * N, full_bar + 8 * s);
+        }
+      }
     }
     return;
   }

@@ -4,9 +4,9 @@
 // expert, tile-major and chunk-minor within an expert; CTA b takes units b, b + gridDim.x, ... .
 // One producer thread feeds a TMA ring whose mbarrier phases run on across units; a consumer
 // warpgroup (128 threads) drains it. Here: the ring's set-up, the units' prefix over the groups
-// and the search in it, the producer's loop, and on the host the resident-CTA count and the
-// bound on the units. Header-only, for .cu files; the device parts exist only in the sm_90a
-// image.
+// and the search in it, and on the host the resident-CTA count and the bound on the units. The
+// producer's loop stays in each kernel (its weight box differs: e4m3 or packed e2m1 bytes).
+// Header-only, for .cu files; the device parts exist only in the sm_90a image.
 #ifndef DEEPINFER_KERNELS_GEMM_SWAP_PERSISTENT_CUH_
 #define DEEPINFER_KERNELS_GEMM_SWAP_PERSISTENT_CUH_
 
@@ -110,39 +110,6 @@ __device__ __forceinline__ Unit FindUnit(const int32_t* prefix, int32_t num_grou
   w.m0 = (local / chunks) * TileM;
   w.ch = local % chunks;
   return w;
-}
-
-// The producer thread: every TMA load of this CTA's units, unit after unit without draining the
-// ring. Stage s holds a weight tile (TileM rows x WeightBlockBytes, at w_base + s * TileM *
-// WeightBlockBytes; box column kb * WeightBlockBytes) and N activation rows x ABlockBytes (at
-// a_base + s * N * ABlockBytes; column kb * ABlockBytes). An expert's descriptor is acquired
-// when the walk reaches it.
-template <int N, int Stages, int TileM, int WeightBlockBytes, int ABlockBytes>
-__device__ __forceinline__ void ProduceUnits(const int32_t* prefix, int32_t num_groups,
-                                             int32_t total, const int32_t* offsets,
-                                             const CUtensorMap* w_maps, const CUtensorMap* map_a,
-                                             int k_blocks, uint32_t w_base, uint32_t a_base,
-                                             uint32_t full_bar, uint32_t empty_bar) {
-  constexpr int kWeightTileBytes = TileM * WeightBlockBytes;
-  uint32_t it = 0;
-  int32_t fenced = -1;
-  for (int32_t u = blockIdx.x; u < total; u += gridDim.x) {
-    const Unit w = FindUnit<N, TileM>(prefix, num_groups, offsets, u);
-    const CUtensorMap* mw = w_maps + w.g;
-    if (w.g != fenced) {
-      AcquireTensorMap(mw);
-      fenced = w.g;
-    }
-    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-      const uint32_t s = it % Stages, phase = (it / Stages) & 1;
-      wgmma::MbarWait(empty_bar + 8 * s, phase ^ 1);
-      wgmma::MbarArriveExpectTx(full_bar + 8 * s, kWeightTileBytes + N * ABlockBytes);
-      wgmma::TmaLoad2d(w_base + s * kWeightTileBytes, mw, kb * WeightBlockBytes, w.m0,
-                       full_bar + 8 * s);
-      wgmma::TmaLoad2d(a_base + s * (N * ABlockBytes), map_a, kb * ABlockBytes, w.r0 + w.ch * N,
-                       full_bar + 8 * s);
-    }
-  }
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
