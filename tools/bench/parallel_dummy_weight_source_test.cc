@@ -84,5 +84,43 @@ TEST(ParallelDummyWeightSourceTest, Fp8MatricesAreTheValuesQuantisedPerBlock) {
   for (float m : block_max) EXPECT_EQ(m, 448.0f);
 }
 
+// Bit for bit: each block's scale is its largest magnitude / 448 (1 for an all-zero block) and
+// each code FloatToF8E4M3(value / scale), at shapes with partial blocks and one wide row strip.
+TEST(ParallelDummyWeightSourceTest, Fp8CodesAndScalesExactly) {
+  for (int threads : {1, 3}) {
+    ParallelDummyWeightSource src(7, threads, /*fp8_matrices=*/true);
+    for (const std::vector<int64_t>& shape :
+         std::vector<std::vector<int64_t>>{{300, 200}, {128, 2048}, {1, 129}, {257, 1031}}) {
+      const std::string name = "model.layers.2.self_attn.o_proj.weight";
+      const int64_t rows = shape[0], cols = shape[1];
+      std::vector<float> v(rows * cols);
+      ASSERT_TRUE(src.ReadFloat32(name, shape, v.data()).ok());
+      auto t = src.ReadFp8(name, shape);
+      ASSERT_TRUE(t.ok()) << t.status();
+      ASSERT_TRUE(t->has_value());
+      const int64_t bcols = (cols + 127) / 128;
+      ASSERT_EQ((*t)->scales.size(), static_cast<size_t>((rows + 127) / 128 * bcols));
+      for (int64_t br = 0; br * 128 < rows; ++br) {
+        for (int64_t bc = 0; bc < bcols; ++bc) {
+          float amax = 0.0f;
+          for (int64_t r = br * 128; r < std::min(rows, br * 128 + 128); ++r) {
+            for (int64_t c = bc * 128; c < std::min(cols, bc * 128 + 128); ++c) {
+              amax = std::max(amax, std::fabs(v[r * cols + c]));
+            }
+          }
+          const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+          ASSERT_EQ((*t)->scales[br * bcols + bc], scale) << "block " << br << ", " << bc;
+          for (int64_t r = br * 128; r < std::min(rows, br * 128 + 128); ++r) {
+            for (int64_t c = bc * 128; c < std::min(cols, bc * 128 + 128); ++c) {
+              ASSERT_EQ((*t)->data[r * cols + c], FloatToF8E4M3(v[r * cols + c] / scale))
+                  << "element (" << r << ", " << c << ") of " << rows << " x " << cols;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer

@@ -136,6 +136,31 @@ uint8_t FloatToF8E4M3(float f) {
   return sign | static_cast<uint8_t>(code);
 }
 
+// FloatToF8E4M3 without branches, so the loop below runs as vector code: both of its roundings
+// computed and one selected. Subnormals (below 2^-6): a * 512 is exact and below 8, and adding
+// then subtracting 2^23 rounds it to the nearest integer, ties to even. Normals: the 20 mantissa
+// bits that e4m3 drops are rounded to nearest even by adding 0x7FFFF plus the kept lowest bit;
+// a carry moves into the exponent as it should, and the code is the exponent and three mantissa
+// bits less the bias difference ((127 - 7) << 3).
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void FloatsToF8E4M3(
+    const float* x, int64_t n, float divisor, uint8_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float f = x[i] / divisor;
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof(u));
+    const uint32_t abs_bits = u & 0x7FFFFFFFu;
+    float a;
+    std::memcpy(&a, &abs_bits, sizeof(a));
+    const float small = a < 0.015625f ? a : 0.015625f;  // NaN too: the code is chosen below
+    const uint32_t sub = static_cast<uint32_t>((small * 512.0f + 8388608.0f) - 8388608.0f);
+    const uint32_t rounded = abs_bits + 0x7FFFFu + ((abs_bits >> 20) & 1u);
+    const uint32_t normal = std::min<uint32_t>((rounded >> 20) - (120u << 3), 0x7Eu);
+    uint32_t code = a < 0.015625f ? sub : a >= 464.0f ? 0x7Eu : normal;
+    code = abs_bits > 0x7F800000u ? 0x7Fu : code;  // NaN
+    out[i] = static_cast<uint8_t>(((u >> 24) & 0x80u) | code);
+  }
+}
+
 absl::Status ConvertToFloat32(DType dtype, const void* src, int64_t n, float* dst) {
   const uint8_t* p = static_cast<const uint8_t*>(src);
   switch (dtype) {

@@ -58,6 +58,9 @@ float E2M1ToFloat(uint8_t nibble);
 // The e4m3fn code nearest to f (ties to the even code), saturated to +-448; NaN gives NaN. For
 // making FP8 weights (the benchmark's dummy FP8 model); checkpoints are read, never written, FP8.
 uint8_t FloatToF8E4M3(float f);
+// out[i] = FloatToF8E4M3(x[i] / divisor) for i < n, bit for bit, in vectorisable branch-free
+// form (the benchmark's dummy FP8 models quantise billions of values at load).
+void FloatsToF8E4M3(const float* x, int64_t n, float divisor, uint8_t* out);
 
 // Converts n elements (F4: n values from n / 2 bytes). INVALID_ARGUMENT for the types a float
 // weight cannot be stored as on its own (integers, BOOL, C64: an integer tensor is a weight only

@@ -2,6 +2,9 @@
 #include "worker/model/dtype_conversion.h"
 
 #include <cmath>
+#include <vector>
+#include <limits>
+#include <cstring>
 
 #include "gtest/gtest.h"
 
@@ -146,6 +149,70 @@ TEST(DtypeConversionTest, FloatToF8E4M3RoundsToNearestEvenAndSaturates) {
     EXPECT_EQ(FloatToF8E4M3(lo + (hi - lo) * 0.75f), b + 1) << "code " << b;
     EXPECT_EQ(FloatToF8E4M3(-(lo + (hi - lo) * 0.75f)), 0x80 | (b + 1)) << "code " << b;
   }
+}
+
+// The batch form against the scalar one: every 7th float of magnitude in [2^-12, 2^10) (e4m3's
+// subnormal and normal rounding and its saturation), every rounding boundary exactly and one
+// step either side, both signs, divided by 1; a sample of all bit patterns (zeros, infinities
+// and NaN included) divided by 1 and by other divisors.
+TEST(DtypeConversionTest, FloatsToF8E4M3AsTheScalarConversion) {
+  size_t wrong = 0;
+  auto check = [&wrong](const std::vector<float>& x, float divisor) {
+    std::vector<uint8_t> got(x.size());
+    FloatsToF8E4M3(x.data(), static_cast<int64_t>(x.size()), divisor, got.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint8_t want = FloatToF8E4M3(x[i] / divisor);
+      if (got[i] != want && ++wrong <= 5) {
+        ADD_FAILURE() << "x = " << x[i] << " / " << divisor << ": got " << int{got[i]}
+                      << ", want " << int{want};
+      }
+    }
+  };
+  auto from_bits = [](uint64_t u) {
+    const uint32_t b = static_cast<uint32_t>(u);
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    return f;
+  };
+  std::vector<float> x;
+  auto flush = [&](float divisor) {
+    check(x, divisor);
+    x.clear();
+  };
+  // Every 7th bit pattern of [2^-12, 2^10) and of its negatives.
+  for (uint64_t u = 0x39800000u; u < 0x44800000u; u += 7) {
+    x.push_back(from_bits(u));
+    x.push_back(from_bits(u | 0x80000000u));
+    if (x.size() >= (1u << 20)) flush(1.0f);
+  }
+  // The rounding boundaries exactly and one step either side: normals' halfway points (the 20
+  // dropped mantissa bits 0x80000) for every exponent and kept mantissa, subnormals' (k + 1/2)
+  // * 2^-9, the saturation point 464 and the e4m3 values themselves.
+  auto around = [&](float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof(b));
+    for (uint32_t d : {b - 1, b, b + 1}) {
+      x.push_back(from_bits(d));
+      x.push_back(-from_bits(d));
+    }
+  };
+  for (uint64_t e = 0x73; e <= 0x89; ++e) {
+    for (uint64_t m = 0; m < 8; ++m) {
+      around(from_bits((e << 23) | (m << 20) | 0x80000u));
+      around(from_bits((e << 23) | (m << 20)));
+    }
+  }
+  for (int k = 0; k < 8; ++k) around(std::ldexp(k + 0.5f, -9));
+  around(464.0f);
+  for (int code = 1; code < 0x7F; ++code) around(F8E4M3ToFloat(static_cast<uint8_t>(code)));
+  flush(1.0f);
+  for (uint64_t u = 0; u <= 0xFFFFFFFFu; u += 65521) x.push_back(from_bits(u));
+  for (float special : {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    x.push_back(special);
+  }
+  for (float divisor : {1.0f, 0.0078125f, 3.0f, 1.7e-3f}) check(x, divisor);
+  EXPECT_EQ(wrong, 0u);
 }
 
 TEST(DtypeConversionTest, ConvertBuffersAndRejectIntegers) {

@@ -5,6 +5,7 @@
 // the low nibble), the layout of DeepSeek-V4's checkpoints.
 #include "worker/model/mxfp4_quantize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -137,6 +138,46 @@ TEST(QuantizeMxfp4Test, StoredMxfp4ValuesComeBackExactly) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t p = 0; p < cols; ++p) {
       ASSERT_EQ(Decode(packed, scales, cols, r, p), v[r * cols + p]) << r << ", " << p;
+    }
+  }
+}
+
+// Every element as the scalar definitions make it: the block's scale byte from its largest
+// magnitude and each code FloatToE2M1(x * 2^(127 - s)), on blocks of random magnitudes whose
+// values include the E2M1 midpoints and table values at the block's scale, and zeros.
+TEST(QuantizeMxfp4Test, EveryElementAsTheScalarDefinitions) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> pick(0, 3), exponent(-30, 30), idx(0, 14);
+  const float grid[15] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f,
+                          2.0f, 2.5f,  3.0f, 3.5f,  4.0f, 5.0f,  6.0f};
+  const int64_t rows = 37, cols = 96;
+  std::vector<float> v(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      const int e = exponent(rng);
+      for (int64_t i = 0; i < 32; ++i) {
+        const int kind = pick(rng);
+        float x = kind == 0 ? 0.0f : kind == 1 ? uni(rng) * 8.0f : grid[idx(rng)];
+        if (kind != 1 && uni(rng) < 0.0f) x = -x;
+        v[r * cols + b * 32 + i] = std::ldexp(x, e);
+      }
+    }
+  }
+  std::vector<uint8_t> packed(rows * cols / 2), scales(rows * cols / 32);
+  ASSERT_TRUE(QuantizeMxfp4(v.data(), rows, cols, packed.data(), scales.data(), "t").ok());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      float amax = 0.0f;
+      for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[r * cols + b * 32 + i]));
+      const uint8_t s = Mxfp4ScaleByte(amax);
+      ASSERT_EQ(scales[r * (cols / 32) + b], s) << "row " << r << " block " << b;
+      for (int64_t i = 0; i < 32; ++i) {
+        const int64_t c = b * 32 + i;
+        const uint8_t want = FloatToE2M1(v[r * cols + c] * std::ldexp(1.0f, 127 - s));
+        const uint8_t byte = packed[r * (cols / 2) + c / 2];
+        ASSERT_EQ(c % 2 == 0 ? byte & 0xF : byte >> 4, want) << "element (" << r << ", " << c << ")";
+      }
     }
   }
 }
