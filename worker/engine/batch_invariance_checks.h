@@ -19,6 +19,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -131,7 +132,11 @@ class BatchInvarianceTest : public ::testing::Test {
   // Runs `items` to the end on a fresh engine and cache; results by request id.
   std::map<std::string, RequestResult> Run(CausalLm* model, const std::vector<WorkItem>& items,
                                            EngineOptions options = {}) {
-    auto pool = KvBlockPool::Create(backend_, KvBlockPoolOptions{model->CacheSpec(), 4800, 16});
+    absl::StatusOr<KvCacheSpec> spec = model->CacheSpec();
+    if (cache_dtype_.has_value()) spec = spec->WithDType(*cache_dtype_);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    if (!spec.ok()) return {};
+    auto pool = KvBlockPool::Create(backend_, KvBlockPoolOptions{*spec, 4800, 16});
     EXPECT_TRUE(pool.ok()) << pool.status();
     if (!pool.ok()) return {};
     auto queue = std::make_unique<RequestQueue>();
@@ -161,6 +166,8 @@ class BatchInvarianceTest : public ::testing::Test {
   };
   std::vector<Kept> old_;
   int64_t drafts_verified_ = 0, drafts_accepted_ = 0;
+  // The cache entries' type (KvCacheSpec::WithDType, as --kv-cache-dtype); unset: the model's.
+  std::optional<WeightDType> cache_dtype_;
 
   void CheckAloneAndAmong255(int32_t vocab, int32_t max_prompt, int32_t max_new) {
     std::mt19937 rng(11);

@@ -3,7 +3,8 @@
 // (Moonlight's widths, heads, latent and rope sizes, 64 experts of which 6 per token, vocabulary;
 // 4 layers: one dense, three MoE; one MTP module), bf16, decode steps from CUDA graphs, the
 // worker's default prefill attention (auto): the checks of batch_invariance_checks.h, with
-// prompts of up to 200 tokens and up to 24 new ones. Skips without a GPU.
+// prompts of up to 200 tokens and up to 24 new ones, over a bf16 cache and an FP8 one. Skips
+// without a GPU.
 #include <string>
 
 #include "gtest/gtest.h"
@@ -44,6 +45,13 @@ class BatchInvarianceGpuTest : public testing::BatchInvarianceTest {
 };
 
 TEST_F(BatchInvarianceGpuTest, ARequestAloneAndAmong255OthersGivesTheSameBits) {
+  CheckAloneAndAmong255(/*vocab=*/163840, /*max_prompt=*/200, /*max_new=*/24);
+}
+
+// The same over an FP8 latent cache (--kv-cache-dtype fp8: entries written in e4m3 with a scale
+// per token, read by the decode kernels directly).
+TEST_F(BatchInvarianceGpuTest, OverAnFp8CacheARequestAloneAndAmong255OthersGivesTheSameBits) {
+  cache_dtype_ = WeightDType::kFp8E4M3;
   CheckAloneAndAmong255(/*vocab=*/163840, /*max_prompt=*/200, /*max_new=*/24);
 }
 
