@@ -1,9 +1,10 @@
 // The CPU backend computes every row on its own: the checks of batch_invariance_checks.h on a
 // small DeepSeek-V3 config (bf16 weights, a bf16 cache and an FP8 one, dummy weights, one MTP
 // module), prompts of up to 40 tokens and up to 8 new ones, with the absorbed prefill attention
-// (--prefill-attention absorbed). With `auto` the model picks the non-absorbed form for each sequence that brings
-// kMhaPrefillMinTokens new tokens or more, so a prompt prefilled in one chunk can round
-// differently from the same prompt in shorter chunks (docs/engine.md, "Batch invariance").
+// (--prefill-attention absorbed). With `auto` the model picks the non-absorbed form for each
+// sequence that brings kMhaPrefillMinTokens new tokens or more, so a prompt prefilled in one
+// chunk can round differently from the same prompt in shorter chunks (docs/engine.md, "Batch
+// invariance").
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/engine/batch_invariance_checks.h"
