@@ -9,8 +9,8 @@
 //   copy>gemm   the pair, GEMM with PDL ("pdl") and launched plainly ("plain"), and the
 //               difference (what the overlap saves a pair)
 //   quant>gemm  the same behind kernels::Fp8QuantizeRows (bf16 rows into the grouped layout), the
-//               predecessor the backend runs today (a plain launch: the GEMM can only overlap its
-//               end)
+//               predecessor the backend runs (launched with PDL: it lets the GEMM launch once its
+//               blocks passed their wait)
 // Time: a CUDA graph of 10 pairs back to back, median of 7 replays, per pair. The GEMM executes
 // griddepcontrol.launch_dependents in both modes, so the next pair's copy (a PDL kernel) may start
 // during the GEMM's tail either way; the modes differ in the GEMM's own launch. The experts'
