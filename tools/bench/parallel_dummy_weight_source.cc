@@ -17,10 +17,8 @@ namespace {
 // out[i - begin] = DummyFillValue(fill, i) for i in [begin, end). Compiled per instruction set
 // and picked at run time; the constant case is decided before the loop so that the compiler runs
 // the Philox rounds as vector code (16 lanes with AVX-512; the values stay bit-identical).
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void FillRange(const DummyFill& fill,
-                                                                            int64_t begin,
-                                                                            int64_t end,
-                                                                            float* out) {
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void FillRange(
+    const DummyFill& fill, int64_t begin, int64_t end, float* out) {
   if (fill.constant) {
     std::fill(out, out + (end - begin), fill.value);
     return;
@@ -33,8 +31,8 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void FillRan
 }
 
 // The largest of the n values' magnitude bit patterns (sign cleared).
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) uint32_t AbsBitsMax(const float* x,
-                                                                                 int64_t n) {
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) uint32_t AbsBitsMax(
+    const float* x, int64_t n) {
   uint32_t m = 0;
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u;
@@ -72,7 +70,8 @@ absl::Status ParallelDummyWeightSource::ReadFloat32(const std::string& name,
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   const DummyFill recipe = DummyTensorFill(seed_, name, shape);
-  ParallelFor(n, 1 << 16, [&](int64_t begin, int64_t end) { FillRange(recipe, begin, end, out + begin); });
+  ParallelFor(n, 1 << 16,
+              [&](int64_t begin, int64_t end) { FillRange(recipe, begin, end, out + begin); });
   return absl::OkStatus();
 }
 

@@ -2,9 +2,9 @@
 #include "worker/model/dtype_conversion.h"
 
 #include <cmath>
-#include <vector>
-#include <limits>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -163,8 +163,8 @@ TEST(DtypeConversionTest, FloatsToF8E4M3AsTheScalarConversion) {
     for (size_t i = 0; i < x.size(); ++i) {
       const uint8_t want = FloatToF8E4M3(x[i] / divisor);
       if (got[i] != want && ++wrong <= 5) {
-        ADD_FAILURE() << "x = " << x[i] << " / " << divisor << ": got " << int{got[i]}
-                      << ", want " << int{want};
+        ADD_FAILURE() << "x = " << x[i] << " / " << divisor << ": got " << int{got[i]} << ", want "
+                      << int{want};
       }
     }
   };

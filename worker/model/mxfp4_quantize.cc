@@ -63,8 +63,8 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) uint32_t Qua
     // to 0 either way).
     const float inv = std::ldexp(1.0f, 127 - static_cast<int>(s));
     for (int64_t i = 0; i < kMxfp4Block / 2; ++i) {
-      packed[i] = static_cast<uint8_t>(E2M1Code(x[2 * i] * inv) |
-                                       (E2M1Code(x[2 * i + 1] * inv) << 4));
+      packed[i] =
+          static_cast<uint8_t>(E2M1Code(x[2 * i] * inv) | (E2M1Code(x[2 * i + 1] * inv) << 4));
     }
   }
   return worst;

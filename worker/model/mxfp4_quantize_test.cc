@@ -176,7 +176,8 @@ TEST(QuantizeMxfp4Test, EveryElementAsTheScalarDefinitions) {
         const int64_t c = b * 32 + i;
         const uint8_t want = FloatToE2M1(v[r * cols + c] * std::ldexp(1.0f, 127 - s));
         const uint8_t byte = packed[r * (cols / 2) + c / 2];
-        ASSERT_EQ(c % 2 == 0 ? byte & 0xF : byte >> 4, want) << "element (" << r << ", " << c << ")";
+        ASSERT_EQ(c % 2 == 0 ? byte & 0xF : byte >> 4, want)
+            << "element (" << r << ", " << c << ")";
       }
     }
   }
