@@ -114,9 +114,12 @@ struct CudaTuning {
   // kernels::Fp8WgmmaSwapGroupedGemm rounded to nearest even) and the SiLU-mul quantisation
   // reading bf16 gate and up: half the bytes of fp32 rows written and read again, and the
   // numerics of the prefill experts (cuBLASLt's bf16 gate_up) and of the bf16 model's
-  // GateUpSiluMulBf16, g and u rounded to bf16 before silu(g) * u. false: fp32 gate_up rows (g
-  // and u exact, only the product rounded). Tests flip it to check both against one reference.
-  bool fp8_swap_gate_up_bf16 = true;
+  // GateUpSiluMulBf16, g and u rounded to bf16 before silu(g) * u. false (the default): fp32
+  // gate_up rows (g and u exact, only the product rounded); on the H200 the bf16 rows' SiLU-mul
+  // quantisation took 15.2 us against 10.4 from fp32 rows (1024 rows x 1408, fp8_quantize_bench)
+  // while the GEMM's bf16 output saved at most 1 us. Tests flip it to check both against one
+  // reference.
+  bool fp8_swap_gate_up_bf16 = false;
   // Batch-invariant mode (deepinfer-worker / deepinfer-bench --batch-invariant,
   // DEEPINFER_BATCH_INVARIANT=1; docs/engine.md "Batch invariance"): every op computes a row the
   // same way whatever the batch size and the row's place in it, so a request's logprobs do not
@@ -164,8 +167,11 @@ struct CudaTuning {
   // capability 9.0, k a multiple of 128, the scale rows' stride a multiple of 4, the host pointer
   // tables given, every 128-wide k block of every expert within the kernel's exponent bound,
   // checked once per weight table outside a capture); a GEMM that does not fit stays on
-  // kernels::Mxfp4W4a8GroupedGemm. The same products; the sums in another order. false: W4A8 only.
-  bool mxfp4_wgmma_swap = false;
+  // kernels::Mxfp4W4a8GroupedGemm. The same products; the sums in another order. On the H200
+  // (fp8_gemm_bench --grouped, Moonlight gate_up) the swap kernel took 58 / 90 / 109 us at 8 / 32
+  // / 128 tokens against Mxfp4W4a8GroupedGemm's 117 / 188 / 261 and the W4A16
+  // Mxfp4MmaGroupedGemm's 72 / 109 / 176. false: W4A8 only.
+  bool mxfp4_wgmma_swap = true;
   // The bound of RoutedExperts' bf16 copies of MXFP4 experts (Mxfp4DequantGroupExperts,
   // backend.h); the memory plan reserves for the default. Tests lower it to run several groups.
   int64_t mxfp4_dequant_scratch_bytes = kMxfp4DequantScratchBoundBytes;
