@@ -83,6 +83,37 @@ class CudaBackendFp8CacheTest : public CudaBackendTest {
     for (size_t i = 0; i < f.size(); ++i) out[i] = FloatToBf16Bits(f[i]);
     return out;
   }
+  // A host FP8 cache of `entries` entries (zeros) with kv's entries written by the CPU backend
+  // into `slots`, its RoundedToBf16 copy, and both uploaded.
+  struct Caches {
+    std::vector<uint8_t> fp8;
+    std::vector<uint16_t> rounded;
+    std::unique_ptr<DeviceBuffer> dfp8, drounded;
+  };
+  Caches WriteCaches(int64_t entries, const std::vector<float>& kv,
+                     const std::vector<int32_t>& slots) {
+    Caches c;
+    c.fp8.assign(static_cast<size_t>(entries) * kEntryBytes, 0);
+    cpu_.WriteLatentCache(static_cast<int64_t>(slots.size()), kv.data(), kEntry,
+                          kv.data() + kLatent, kEntry, slots.data(), View(c.fp8.data()));
+    c.rounded = RoundedToBf16(c.fp8);
+    c.dfp8 = gpu_->Allocate(c.fp8.size());
+    gpu_->CopyToDevice(c.fp8.data(), c.fp8.size(), c.dfp8->data());
+    c.drounded = gpu_->Allocate(c.rounded.size() * sizeof(uint16_t));
+    gpu_->CopyToDevice(c.rounded.data(), c.rounded.size() * sizeof(uint16_t),
+                       c.drounded->data());
+    return c;
+  }
+  // The largest magnitude of the latent values of bf16 entries.
+  static double MaxLatent(const std::vector<uint16_t>& rounded) {
+    double m = 0.0;
+    for (int64_t e = 0; e < static_cast<int64_t>(rounded.size()) / kEntry; ++e) {
+      for (int32_t i = 0; i < kLatent; ++i) {
+        m = std::max<double>(m, std::fabs(Bf16BitsToFloat(rounded[e * kEntry + i])));
+      }
+    }
+    return m;
+  }
 };
 
 TEST_F(CudaBackendFp8CacheTest, WriteLatentCacheWritesTheHostBytes) {
@@ -209,25 +240,16 @@ TEST_F(CudaBackendFp8CacheTest, MlaAttentionMatchesCpuOverTheSameEntries) {
   }
   const int64_t cached = static_cast<int64_t>(slots.size());
   const std::vector<float> kv = VariedEntries(cached, seed + 1, /*binades=*/1.0f);
-  std::vector<uint8_t> cache(static_cast<size_t>(num_blocks) * kBlock * kEntryBytes, 0);
-  cpu_.WriteLatentCache(cached, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
-                        View(cache.data()));
-  auto dcache = gpu_->Allocate(cache.size());
-  gpu_->CopyToDevice(cache.data(), cache.size(), dcache->data());
+  // The same slots also as a bf16 cache of the entries rounded to bf16.
+  Caches c = WriteCaches(int64_t{num_blocks} * kBlock, kv, slots);
+  std::vector<uint8_t>& cache = c.fp8;
+  std::vector<uint16_t>& rounded = c.rounded;
+  auto& dcache = c.dfp8;
+  auto& drounded = c.drounded;
   auto dtables = UploadInts(tables);
-  // The same slots as a bf16 cache of the entries rounded to bf16.
-  std::vector<uint16_t> rounded = RoundedToBf16(cache);
   const PagedLatentCacheView rounded_view{rounded.data(), kBlock, kLatent, kRope,
                                           WeightDType::kBFloat16};
-  auto drounded = gpu_->Allocate(rounded.size() * sizeof(uint16_t));
-  gpu_->CopyToDevice(rounded.data(), rounded.size() * sizeof(uint16_t), drounded->data());
-  double max_latent = 0.0;
-  for (int64_t e = 0; e < static_cast<int64_t>(rounded.size()) / kEntry; ++e) {
-    for (int32_t i = 0; i < kLatent; ++i) {
-      max_latent =
-          std::max<double>(max_latent, std::fabs(Bf16BitsToFloat(rounded[e * kEntry + i])));
-    }
-  }
+  const double max_latent = MaxLatent(rounded);
   // The key-split kernel's bound (bf16 Q and P; cuda_backend_attention_test's Bf16OperandsAtol).
   const double key_split_atol = max_latent / 512.0 + 1e-4;
 
@@ -360,14 +382,10 @@ TEST_F(CudaBackendFp8CacheTest, OneDecodeTokenReadsTheFp8EntriesWithoutACopy) {
   }
   const int64_t cached = static_cast<int64_t>(slots.size());
   const std::vector<float> kv = VariedEntries(cached, seed + 1, /*binades=*/1.0f);
-  std::vector<uint8_t> cache(static_cast<size_t>(num_blocks) * kBlock * kEntryBytes, 0);
-  cpu_.WriteLatentCache(cached, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
-                        View(cache.data()));
-  std::vector<uint16_t> rounded = RoundedToBf16(cache);
-  auto dcache = gpu_->Allocate(cache.size());
-  gpu_->CopyToDevice(cache.data(), cache.size(), dcache->data());
-  auto drounded = gpu_->Allocate(rounded.size() * sizeof(uint16_t));
-  gpu_->CopyToDevice(rounded.data(), rounded.size() * sizeof(uint16_t), drounded->data());
+  Caches c = WriteCaches(int64_t{num_blocks} * kBlock, kv, slots);
+  std::vector<uint16_t>& rounded = c.rounded;
+  auto& dcache = c.dfp8;
+  auto& drounded = c.drounded;
   auto dtable = UploadInts(table), dseq = UploadInts({0});
   const auto q_latent = testing::RandomFloats(int64_t{kHeads} * kLatent, seed + 2);
   const auto q_rope = testing::RandomFloats(int64_t{kHeads} * kRope, seed + 3);
@@ -534,14 +552,10 @@ TEST_F(CudaBackendFp8CacheTest, WideTablesReadTheFp8Entries) {
           slots.push_back(tables[s * width + p / kBlock] * kBlock + p % kBlock);
         }
       }
-      std::vector<uint8_t> cache(static_cast<size_t>(num_blocks) * kBlock * kEntryBytes, 0);
-      cpu_.WriteLatentCache(cached, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
-                            View(cache.data()));
-      std::vector<uint16_t> rounded = RoundedToBf16(cache);
-      auto dcache = gpu_->Allocate(cache.size());
-      gpu_->CopyToDevice(cache.data(), cache.size(), dcache->data());
-      auto drounded = gpu_->Allocate(rounded.size() * sizeof(uint16_t));
-      gpu_->CopyToDevice(rounded.data(), rounded.size() * sizeof(uint16_t), drounded->data());
+      Caches c = WriteCaches(int64_t{num_blocks} * kBlock, kv, slots);
+      std::vector<uint16_t>& rounded = c.rounded;
+      auto& dcache = c.dfp8;
+      auto& drounded = c.drounded;
       auto dtables = UploadInts(tables);
       const size_t out_size = static_cast<size_t>(seqs) * heads * kLatent;
       auto out = Poisoned(out_size), out16 = Poisoned(out_size);
@@ -572,13 +586,7 @@ TEST_F(CudaBackendFp8CacheTest, WideTablesReadTheFp8Entries) {
       ASSERT_TRUE(ops->Replay().ok());
       ASSERT_TRUE(gpu_->status().ok()) << gpu_->status();
       const std::vector<float> got = Download(*out), got16 = Download(*out16);
-      double max_latent = 0.0;
-      for (int64_t e = 0; e < static_cast<int64_t>(rounded.size()) / kEntry; ++e) {
-        for (int32_t i = 0; i < kLatent; ++i) {
-          max_latent =
-              std::max<double>(max_latent, std::fabs(Bf16BitsToFloat(rounded[e * kEntry + i])));
-        }
-      }
+      const double max_latent = MaxLatent(rounded);
       std::vector<float> want(out_size);
       MlaAttentionArgs a = g;
       a.q_latent = q_latent16.data();
@@ -636,10 +644,8 @@ TEST_F(CudaBackendFp8CacheTest, MhaPrefillRunsOnTheBf16CopyAndMatchesCpu) {
   }
   const int64_t cached = static_cast<int64_t>(slots.size());
   const std::vector<float> kv = VariedEntries(cached, seed + 1, /*binades=*/0.5f);
-  std::vector<uint8_t> cache(static_cast<size_t>(seqs) * max_blocks * kBlock * kEntryBytes, 0);
-  cpu_.WriteLatentCache(cached, kv.data(), kEntry, kv.data() + kLatent, kEntry, slots.data(),
-                        View(cache.data()));
-  const std::vector<uint16_t> rounded = RoundedToBf16(cache);
+  Caches c = WriteCaches(int64_t{seqs} * max_blocks * kBlock, kv, slots);
+  std::vector<uint8_t>& cache = c.fp8;
   const std::vector<float> q = testing::RandomFloats(int64_t{tokens} * kHeads * kQk, seed + 2);
   const std::vector<float> w =
       testing::RandomFloats(static_cast<size_t>(kHeads) * (kNope + kV) * kLatent, seed + 3,
@@ -669,10 +675,8 @@ TEST_F(CudaBackendFp8CacheTest, MhaPrefillRunsOnTheBf16CopyAndMatchesCpu) {
   ASSERT_TRUE(cpu16_.status().ok()) << cpu16_.status();
 
   auto dq = Upload(q);
-  auto dcache = gpu_->Allocate(cache.size());
-  gpu_->CopyToDevice(cache.data(), cache.size(), dcache->data());
-  auto drounded = gpu_->Allocate(rounded.size() * sizeof(uint16_t));
-  gpu_->CopyToDevice(rounded.data(), rounded.size() * sizeof(uint16_t), drounded->data());
+  auto& dcache = c.dfp8;
+  auto& drounded = c.drounded;
   auto dtables = UploadInts(tables);
   auto dkv_b = gpu_->Allocate(kv_b.size() * sizeof(uint16_t));
   gpu_->CopyToDevice(kv_b.data(), kv_b.size() * sizeof(uint16_t), dkv_b->data());
